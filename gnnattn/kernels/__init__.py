@@ -1,0 +1,41 @@
+"""Compiled kernels and their pure-torch references.
+
+Every kernel implements one function of :mod:`gnnattn.kernels.reference` with
+the same signature and results:
+
+* ``segment_softmax_fwd(src, ptr)`` / ``segment_softmax_bwd(y, grad, ptr)``
+* ``attention_fwd(q, k, v, ptr, col, scale, bias=None) -> (out, lse)``
+* ``attention_bwd(q, k, v, out, lse, grad_out, ptr, col, scale, bias=None)
+  -> (dq, dk, dv, dbias)``
+
+:mod:`gnnattn.kernels.cpu` compiles them with numba, the ``triton_*`` modules
+with Triton for CUDA. Those modules are imported lazily, by :func:`get`, so that
+importing gnnattn never compiles anything and works without numba or triton.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from . import reference
+
+__all__ = ["get", "reference"]
+
+
+def get(device: torch.device) -> ModuleType:
+    """The kernel module for ``device``: compiled where possible, else the reference."""
+    if device.type == "cuda":
+        try:
+            from . import triton_ops
+        except ImportError:
+            return reference
+        return triton_ops
+    if device.type == "cpu":
+        try:
+            from . import cpu
+        except ImportError:
+            return reference
+        return cpu
+    return reference

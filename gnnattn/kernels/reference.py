@@ -1,0 +1,161 @@
+"""Pure-torch references for every kernel in :mod:`gnnattn.kernels`.
+
+Each compiled kernel (numba on the CPU, Triton on CUDA) implements one of the
+functions below with the same signature and the same results; the tests compare
+them on awkward sizes. They are also the fallback when no compiled kernel is
+available for a device.
+
+The common layout is a destination-sorted CSR graph:
+
+* ``ptr``: int64 ``[N + 1]``, the incoming edges of target ``i`` are the edge
+  positions ``ptr[i]:ptr[i + 1]``;
+* ``col``: int64 ``[E]``, the source node of each edge in that order.
+
+Rules shared by all implementations (they are the rules of
+:func:`gnnattn.scatter_softmax`): the per-target maximum is subtracted before
+``exp``; a ``-inf`` score gets weight 0; a target with no incoming edges, or
+whose scores are all ``-inf``, gets all-zero weights (and a zero attention
+output, ``lse = -inf``), never NaN, forward and backward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def segment_ids(ptr: Tensor, num_edges: int | None = None) -> Tensor:
+    """The target of each edge position, ``[E]`` int64, from CSR pointers."""
+    n = ptr.numel() - 1
+    counts = ptr.diff()
+    return torch.repeat_interleave(
+        torch.arange(n, device=ptr.device), counts, output_size=num_edges
+    )
+
+
+def _segment_max(src: Tensor, index: Tensor, n: int) -> Tensor:
+    out = src.new_full((n, *src.shape[1:]), float("-inf"))
+    idx = index.view(-1, *([1] * (src.dim() - 1))).expand_as(src)
+    return out.scatter_reduce(0, idx, src, "amax", include_self=True)
+
+
+def _segment_sum(src: Tensor, index: Tensor, n: int) -> Tensor:
+    return src.new_zeros((n, *src.shape[1:])).index_add_(0, index, src)
+
+
+def segment_softmax_fwd(src: Tensor, ptr: Tensor) -> Tensor:
+    """Stable softmax of ``src`` ``[E, H]`` within each CSR segment of ``ptr``."""
+    n = ptr.numel() - 1
+    index = segment_ids(ptr, src.shape[0])
+    m = _segment_max(src, index, n)
+    # An empty or all -inf segment has max -inf; shifting by it would give
+    # (-inf) - (-inf) = NaN, so shift by 0 instead: every exp is then 0.
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(src - m[index])
+    s = _segment_sum(e, index, n)
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    return e / s[index]
+
+
+def segment_softmax_bwd(y: Tensor, grad: Tensor, ptr: Tensor) -> Tensor:
+    """Gradient of :func:`segment_softmax_fwd`: ``y * (g - sum_seg(g * y))``."""
+    n = ptr.numel() - 1
+    index = segment_ids(ptr, y.shape[0])
+    dot = _segment_sum(grad * y, index, n)
+    return y * (grad - dot[index])
+
+
+def attention_scores(
+    q: Tensor, k: Tensor, ptr: Tensor, col: Tensor, scale: float, bias: Tensor | None = None
+) -> Tensor:
+    """Per-edge scores ``q_i . k_j * scale (+ bias_ij)``, ``[E, H]``."""
+    index = segment_ids(ptr, col.numel())
+    s = (q[index] * k[col]).sum(-1) * scale  # (E, H)
+    if bias is not None:
+        s = s + bias
+    return s
+
+
+def attention_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ptr: Tensor,
+    col: Tensor,
+    scale: float,
+    bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Sparse attention over a destination-sorted CSR graph.
+
+    Args:
+        q: ``[N, H, C]`` queries of the targets.
+        k: ``[M, H, C]`` keys of the sources.
+        v: ``[M, H, Cv]`` values of the sources.
+        ptr: ``[N + 1]`` CSR pointers (incoming edges per target).
+        col: ``[E]`` source of each edge.
+        scale: multiplies ``q . k``.
+        bias: optional ``[E, H]`` additive score bias (edge features).
+
+    Returns:
+        ``out`` ``[N, H, Cv]`` and the log-sum-exp ``lse`` ``[N, H]`` of each
+        target's scores (``-inf`` where the target has no finite score).
+    """
+    n = ptr.numel() - 1
+    index = segment_ids(ptr, col.numel())
+    s = attention_scores(q, k, ptr, col, scale, bias)
+    m = _segment_max(s, index, n)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(s - m_safe[index])
+    denom = _segment_sum(e, index, n)
+    lse = torch.where(denom > 0, m_safe + torch.log(denom), torch.full_like(denom, float("-inf")))
+    alpha = e / torch.where(denom > 0, denom, torch.ones_like(denom))[index]
+    out = _segment_sum(alpha.unsqueeze(-1) * v[col], index, n)
+    return out, lse
+
+
+def attention_weights(
+    q: Tensor,
+    k: Tensor,
+    ptr: Tensor,
+    col: Tensor,
+    scale: float,
+    lse: Tensor,
+    bias: Tensor | None = None,
+) -> Tensor:
+    """Recompute the weights ``alpha`` ``[E, H]`` from the saved log-sum-exp."""
+    index = segment_ids(ptr, col.numel())
+    s = attention_scores(q, k, ptr, col, scale, bias)
+    lse_e = lse[index]
+    # A target with lse = -inf has no finite score: all its weights are 0.
+    return torch.where(torch.isfinite(lse_e), torch.exp(s - lse_e), torch.zeros_like(s))
+
+
+def attention_bwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+    ptr: Tensor,
+    col: Tensor,
+    scale: float,
+    bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Gradients of :func:`attention_fwd` w.r.t. ``q``, ``k``, ``v`` and ``bias``.
+
+    FlashAttention's recomputation: ``alpha`` comes back from ``lse``, and the
+    softmax backward uses ``D_i = sum_c dout_ic * out_ic`` (equal to
+    ``sum_j alpha_ij dalpha_ij``), so nothing of size ``E x C`` is saved.
+    """
+    n, m = q.shape[0], k.shape[0]
+    index = segment_ids(ptr, col.numel())
+    alpha = attention_weights(q, k, ptr, col, scale, lse, bias)  # (E, H)
+    g = grad_out[index]  # (E, H, Cv)
+    dv = _segment_sum(alpha.unsqueeze(-1) * g, col, m)
+    dalpha = (g * v[col]).sum(-1)  # (E, H)
+    d = (grad_out * out).sum(-1)  # (N, H)
+    ds = alpha * (dalpha - d[index])  # (E, H)
+    dq = _segment_sum(ds.unsqueeze(-1) * k[col], index, n) * scale
+    dk = _segment_sum(ds.unsqueeze(-1) * q[index], col, m) * scale
+    return dq, dk, dv, (ds if bias is not None else None)
