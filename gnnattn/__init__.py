@@ -1,0 +1,39 @@
+"""gnnattn: transformer self-attention as message passing over a graph.
+
+A sequence is a complete directed graph with self-loops, causal masking prunes
+it to a DAG, and any sparse edge set is just another graph. See the README for
+the conventions (``edge_index[0]`` is the source j, ``edge_index[1]`` the
+target i; softmax runs over each target's incoming edges).
+"""
+
+from .dense import dense_attention_weights, dense_self_attention, dense_simplified_attention
+from .graphs import (
+    CSR,
+    causal_graph,
+    complete_graph,
+    edge_index_to_mask,
+    mask_to_edge_index,
+    sliding_window_graph,
+    to_csr,
+)
+from .nn import SelfAttentionConv, SimplifiedAttention
+from .softmax import naive_scatter_softmax, scatter_softmax
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CSR",
+    "SelfAttentionConv",
+    "SimplifiedAttention",
+    "causal_graph",
+    "complete_graph",
+    "dense_attention_weights",
+    "dense_self_attention",
+    "dense_simplified_attention",
+    "edge_index_to_mask",
+    "mask_to_edge_index",
+    "naive_scatter_softmax",
+    "scatter_softmax",
+    "sliding_window_graph",
+    "to_csr",
+]

@@ -77,9 +77,7 @@ def _sequence_layout(
         return start, length, dev
     batch = _check_batch(batch)
     if num_nodes is not None and num_nodes != batch.numel():
-        raise ValueError(
-            f"Expected 'batch' of length num_nodes={num_nodes}, got {batch.numel()}"
-        )
+        raise ValueError(f"Expected 'batch' of length num_nodes={num_nodes}, got {batch.numel()}")
     dev = _as_device(device, batch)
     batch = batch.to(dev)
     if batch.numel() == 0:
@@ -263,13 +261,11 @@ def check_edge_index(
     src_max, dst_max = int(edge_index[0].max()), int(edge_index[1].max())
     if src_max >= num_src:
         raise ValueError(
-            f"Expected source ids in '{name}'[0] below the number of nodes {num_src}, "
-            f"got {src_max}"
+            f"Expected source ids in '{name}'[0] below the number of nodes {num_src}, got {src_max}"
         )
     if dst_max >= num_dst:
         raise ValueError(
-            f"Expected target ids in '{name}'[1] below the number of nodes {num_dst}, "
-            f"got {dst_max}"
+            f"Expected target ids in '{name}'[1] below the number of nodes {num_dst}, got {dst_max}"
         )
 
 

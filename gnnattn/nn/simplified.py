@@ -1,0 +1,100 @@
+"""Self-attention without trainable weights: the lesson's first formulation."""
+
+from __future__ import annotations
+
+from torch import Tensor
+from torch_geometric.nn import MessagePassing
+
+from ..ops import Graph, dense_attention, fused_attention, make_graph, resolve_backend
+from ..softmax import _scatter_softmax
+from .conv import check_backend, check_x
+
+__all__ = ["SimplifiedAttention"]
+
+
+class SimplifiedAttention(MessagePassing):
+    r"""Simplified self-attention: the raw dot products of the inputs are the scores.
+
+    .. math::
+        \omega_{ij} = s \, \mathbf{x}_i^\top \mathbf{x}_j, \qquad
+        \alpha_{ij} = \frac{\exp(\omega_{ij})}{\sum_{k \in \mathcal{N}(i)} \exp(\omega_{ik})},
+        \qquad
+        \mathbf{z}_i = \sum_{j \in \mathcal{N}(i)} \alpha_{ij} \mathbf{x}_j
+
+    (computed stably: the per-target maximum is subtracted before ``exp``). On
+    the complete graph :math:`Z = \operatorname{softmax}(s X X^\top) X`,
+    row-wise. There are no parameters: the layer shows what attention does
+    before :math:`W_Q, W_K, W_V` are added.
+
+    Args:
+        scale (float, optional): :math:`s`, multiplies the dot products; the
+            lesson uses ``1`` (transformers use :math:`1/\sqrt{d}`).
+            (default: ``1.0``)
+        causal (bool, optional): keep only edges :math:`j \le i`.
+            (default: :obj:`False`)
+        backend (str, optional): ``"auto"``, ``"mp"``, ``"dense"`` or
+            ``"fused"``, as in :class:`SelfAttentionConv`. (default: ``"auto"``)
+
+    Shapes:
+        - **input:** ``x`` ``[|V|, d]``, optional ``edge_index`` ``[2, |E|]``,
+          optional ``batch`` ``[|V|]``
+        - **output:** ``[|V|, d]``; with ``return_attention_weights=True`` also
+          ``(edge_index [2, |E|], alpha [|E|])``
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+        >>> attn = SimplifiedAttention()
+        >>> z, (ei, alpha) = attn(x, return_attention_weights=True)
+        >>> alpha[:3]  # weights of target 0 over sources 0, 1, 2
+        tensor([0.4223, 0.1554, 0.4223])
+    """
+
+    def __init__(self, scale: float = 1.0, *, causal: bool = False, backend: str = "auto") -> None:
+        super().__init__(aggr="add", node_dim=0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"Expected 'scale' to be a float, got {type(scale).__name__}")
+        self.scale = float(scale)
+        self.causal = causal
+        self.backend = check_backend(backend)
+        self._alpha: Tensor | None = None
+
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Tensor | None = None,
+        *,
+        batch: Tensor | None = None,
+        return_attention_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Attend over ``edge_index`` (default: the complete or causal graph)."""
+        check_x(x)
+        n, d = x.shape
+        graph = make_graph(n, edge_index, batch, causal=self.causal, device=x.device)
+        backend = resolve_backend(self.backend, graph, x.device)
+        h = x.view(n, 1, d)  # (N, 1, d): one head whose q = k = v = x
+        out, alpha = self._attend(h, graph, backend, return_attention_weights)
+        out = out.view(n, d)
+        if return_attention_weights:
+            assert alpha is not None
+            return out, (graph.edge_index, alpha.view(-1))
+        return out
+
+    def _attend(
+        self, h: Tensor, graph: Graph, backend: str, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        if backend == "dense":
+            return dense_attention(h, h, h, graph, self.scale, need_weights=need_weights)
+        if backend == "fused":
+            return fused_attention(h, h, h, graph, self.scale, need_weights=need_weights)
+        out = self.propagate(graph.edge_index, x=h, size=(h.shape[0], h.shape[0]))
+        alpha, self._alpha = self._alpha, None
+        return out, alpha
+
+    def message(self, x_i: Tensor, x_j: Tensor, index: Tensor, size_i: int | None) -> Tensor:
+        omega = (x_i * x_j).sum(dim=-1) * self.scale  # (E, 1)
+        alpha = _scatter_softmax(omega, index, size_i if size_i is not None else 0)
+        self._alpha = alpha
+        return x_j * alpha.unsqueeze(-1)  # (E, 1, d)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}(scale={self.scale:g})"

@@ -1,0 +1,210 @@
+r"""Stable scatter-softmax: softmax over the incoming edges of each target.
+
+.. math::
+    \alpha_e = \frac{\exp(s_e - m_{i(e)})}{\sum_{e' : i(e') = i(e)} \exp(s_{e'} - m_{i(e)})},
+    \qquad m_i = \max_{e : i(e) = i} s_e
+
+Subtracting the per-segment maximum :math:`m_i` changes nothing mathematically
+(the factor :math:`e^{-m_i}` cancels) but keeps every ``exp`` at most 1, so
+float16 (whose ``exp`` overflows past about 11.09) and float32 (past about
+88.72) never produce ``inf``/``NaN``. :func:`naive_scatter_softmax` leaves the
+shift out, for teaching.
+
+Reductions always run in float32 (float64 stays float64); the result has the
+input's dtype. The backward is a custom autograd function that saves only the
+output :math:`y`: :math:`\partial L/\partial s = y \odot (g - \sum_{seg} g \odot y)`.
+
+On the CPU, large float32/float64 inputs with target-sorted ``index`` run
+through the numba kernel of :mod:`gnnattn.kernels.cpu`, on CUDA through the
+Triton kernel; everything else through the pure-torch path below. All paths
+follow the same rules and are tested equal.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .kernels import get as get_kernels
+from .kernels.reference import _segment_max, _segment_sum
+
+__all__ = ["naive_scatter_softmax", "scatter_softmax"]
+
+# Below this many elements the compiled kernels' call overhead (CSR pointers,
+# numpy views) costs more than the torch ops they replace.
+_KERNEL_MIN_NUMEL = 1 << 15
+
+
+def _check(src: Tensor, index: Tensor, num_segments: int | None, dim: int) -> tuple[int, int]:
+    if not isinstance(src, Tensor):
+        raise TypeError(f"Expected 'src' to be a Tensor, got {type(src).__name__}")
+    if not src.is_floating_point():
+        raise TypeError(f"Expected 'src' of a floating dtype, got {src.dtype}")
+    if not isinstance(index, Tensor):
+        raise TypeError(f"Expected 'index' to be a Tensor, got {type(index).__name__}")
+    if index.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"Expected 'index' of dtype torch.int64, got {index.dtype}")
+    if src.dim() == 0:
+        raise ValueError("Expected 'src' with at least one dimension, got a scalar")
+    if not -src.dim() <= dim < src.dim():
+        raise ValueError(f"Expected 'dim' in [{-src.dim()}, {src.dim() - 1}], got {dim}")
+    dim = dim % src.dim()
+    if index.dim() != 1 or index.numel() != src.shape[dim]:
+        raise ValueError(
+            f"Expected 'index' of shape [{src.shape[dim]}] (src.shape[dim]), "
+            f"got {list(index.shape)}"
+        )
+    if index.device != src.device:
+        raise ValueError(
+            f"Expected 'index' on the device of 'src' ({src.device}), got {index.device}"
+        )
+    hi = int(index.max()) + 1 if index.numel() else 0
+    if index.numel() and int(index.min()) < 0:
+        raise ValueError("Expected 'index' to hold segment ids >= 0, got a negative id")
+    if num_segments is None:
+        num_segments = hi
+    elif isinstance(num_segments, bool) or not isinstance(num_segments, int):
+        raise TypeError(f"Expected 'num_segments' to be an int, got {type(num_segments).__name__}")
+    elif num_segments < hi:
+        raise ValueError(
+            f"Expected 'num_segments' > every index (at least {hi}), got {num_segments}"
+        )
+    return num_segments, dim
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _torch_fwd(src: Tensor, index: Tensor, n: int) -> Tensor:
+    m = _segment_max(src, index, n)
+    # An empty or all -inf segment has max -inf; shift by 0 there instead, or
+    # (-inf) - (-inf) would be NaN. Every exp of such a segment is then 0.
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(src - m[index])
+    s = _segment_sum(e, index, n)
+    # s == 0 only where every exp is 0: divide by 1 to give weights 0, not NaN.
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    return e / s[index]
+
+
+def _torch_bwd(y: Tensor, grad: Tensor, index: Tensor, n: int) -> Tensor:
+    dot = _segment_sum(grad * y, index, n)
+    return y * (grad - dot[index])
+
+
+def _ptr_from_sorted(index: Tensor, n: int) -> Tensor:
+    counts = torch.bincount(index, minlength=n)
+    ptr = index.new_zeros(n + 1)
+    torch.cumsum(counts, 0, out=ptr[1:])
+    return ptr
+
+
+class _ScatterSoftmax(torch.autograd.Function):
+    """Autograd function on ``src`` ``[E, F]``: saves only the output."""
+
+    @staticmethod
+    def forward(ctx, src: Tensor, index: Tensor, n: int, use_kernel: bool):  # type: ignore[override]
+        x = src.to(_compute_dtype(src.dtype))
+        if use_kernel:
+            ptr = _ptr_from_sorted(index, n)
+            y = get_kernels(src.device).segment_softmax_fwd(x.contiguous(), ptr)
+            ctx.ptr = ptr
+        else:
+            y = _torch_fwd(x, index, n)
+            ctx.ptr = None
+        ctx.save_for_backward(y, index)
+        ctx.n = n
+        return y.to(src.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        y, index = ctx.saved_tensors
+        g = grad.to(y.dtype)
+        if ctx.ptr is not None:
+            dx = get_kernels(y.device).segment_softmax_bwd(y, g.contiguous(), ctx.ptr)
+        else:
+            dx = _torch_bwd(y, g, index, ctx.n)
+        return dx.to(grad.dtype), None, None, None
+
+
+def _scatter_softmax(src: Tensor, index: Tensor, n: int, *, sorted_index: bool = False) -> Tensor:
+    """:func:`scatter_softmax` on validated ``src`` ``[E, ...]`` along dim 0."""
+    flat = src.reshape(src.shape[0], -1)  # (E, F)
+    use_kernel = (
+        sorted_index
+        and flat.numel() >= _KERNEL_MIN_NUMEL
+        and src.device.type in ("cpu", "cuda")
+        and not torch.compiler.is_compiling()
+    )
+    out = _ScatterSoftmax.apply(flat, index.long(), n, use_kernel)
+    return out.view(src.shape)
+
+
+def scatter_softmax(
+    src: Tensor, index: Tensor, num_segments: int | None = None, dim: int = 0
+) -> Tensor:
+    r"""Numerically stable softmax of ``src`` within the groups given by ``index``.
+
+    .. math::
+        \text{out}_e = \frac{\exp(s_e - m_{\text{index}_e})}
+        {\sum_{e' : \text{index}_{e'} = \text{index}_e} \exp(s_{e'} - m_{\text{index}_e})}
+
+    where :math:`m_i` is the maximum of segment :math:`i`. ``-inf`` entries get
+    weight 0; a segment whose entries are all ``-inf`` gets zeros (never NaN),
+    forward and backward. float16/bfloat16 reduce in float32 and come back in
+    their own dtype; float64 stays float64.
+
+    Args:
+        src (Tensor): the scores, for example ``[E]`` or ``[E, H]``.
+        index (Tensor): int64 segment (target) id of each entry along ``dim``.
+        num_segments (int, optional): number of segments; defaults to
+            ``index.max() + 1``. (default: :obj:`None`)
+        dim (int, optional): the dimension ``index`` runs along. (default: ``0``)
+
+    Shapes:
+        - **src:** ``[|E|]`` or ``[|E|, H]``
+        - **index:** ``[|E|]``
+        - **output:** same as ``src``
+
+    Example:
+        >>> s = torch.tensor([100.0, 102.0, 105.0])
+        >>> scatter_softmax(s, torch.zeros(3, dtype=torch.long))
+        tensor([0.0064, 0.0471, 0.9465])
+    """
+    n, dim = _check(src, index, num_segments, dim)
+    x = src.movedim(dim, 0)
+    idx = index.long()
+    sorted_index = idx.numel() < 2 or bool((idx[1:] >= idx[:-1]).all())
+    return _scatter_softmax(x, idx, n, sorted_index=sorted_index).movedim(0, dim)
+
+
+def naive_scatter_softmax(
+    src: Tensor, index: Tensor, num_segments: int | None = None, dim: int = 0
+) -> Tensor:
+    r"""The textbook softmax *without* the max shift, in ``src``'s own dtype.
+
+    .. math::
+        \text{out}_e = \frac{\exp(s_e)}{\sum_{e' : \text{index}_{e'} = \text{index}_e} \exp(s_{e'})}
+
+    Kept for teaching: in float16 ``exp(12)`` is already ``inf``, so logits such
+    as ``[100, 102, 105]`` give ``inf / inf = NaN`` here, while
+    :func:`scatter_softmax` gives ``[0.00638, 0.04712, 0.94650]``. Do not use it
+    in models.
+
+    Args:
+        src (Tensor): the scores.
+        index (Tensor): segment id of each entry along ``dim``.
+        num_segments (int, optional): number of segments. (default: :obj:`None`)
+        dim (int, optional): the dimension ``index`` runs along. (default: ``0``)
+
+    Example:
+        >>> s = torch.tensor([100.0, 102.0, 105.0], dtype=torch.float16)
+        >>> naive_scatter_softmax(s, torch.zeros(3, dtype=torch.long))
+        tensor([nan, nan, nan], dtype=torch.float16)
+    """
+    n, dim = _check(src, index, num_segments, dim)
+    x = src.movedim(dim, 0)
+    e = torch.exp(x)
+    s = _segment_sum(e, index.long(), n)
+    return (e / s[index.long()]).movedim(0, dim)
