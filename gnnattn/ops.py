@@ -68,6 +68,7 @@ class Graph:
         lengths: sequence lengths of the blocks, in order (``None`` if
             unstructured); one entry for a single sequence.
         window: the half-width of a window graph.
+        num_src: number of sources for a bipartite graph (``None``: square).
     """
 
     edge_index: Tensor
@@ -75,13 +76,14 @@ class Graph:
     kind: str | None = None
     lengths: list[int] | None = None
     window: int = 0
+    num_src: int | None = None
     _csr: CSR | None = field(default=None, repr=False)
 
     @property
     def csr(self) -> CSR:
         """Destination-sorted CSR, built once per graph."""
         if self._csr is None:
-            self._csr = to_csr(self.edge_index, self.num_nodes)
+            self._csr = to_csr(self.edge_index, self.num_nodes, self.num_src)
         return self._csr
 
     @property
