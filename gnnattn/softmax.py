@@ -22,6 +22,8 @@ follow the same rules and are tested equal.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -130,7 +132,7 @@ class _ScatterSoftmax(torch.autograd.Function):
 
 def _scatter_softmax(src: Tensor, index: Tensor, n: int, *, sorted_index: bool = False) -> Tensor:
     """:func:`scatter_softmax` on validated ``src`` ``[E, ...]`` along dim 0."""
-    flat = src.reshape(src.shape[0], -1)  # (E, F)
+    flat = src.reshape(src.shape[0], math.prod(src.shape[1:]))  # (E, F)
     use_kernel = (
         sorted_index
         and flat.numel() >= _KERNEL_MIN_NUMEL
