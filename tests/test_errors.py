@@ -1,0 +1,144 @@
+"""SPEC section 4: every user mistake is a ValueError/TypeError naming the argument."""
+
+import pytest
+import torch
+
+from gnnattn import (
+    SelfAttentionConv,
+    SimplifiedAttention,
+    causal_graph,
+    complete_graph,
+    edge_index_to_mask,
+    sliding_window_graph,
+)
+from gnnattn.dense import dense_self_attention
+
+X = torch.randn(5, 8)
+EI = complete_graph(5)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, exc, match",
+    [
+        (
+            (X, torch.zeros(3, 10, dtype=torch.long)),
+            {},
+            ValueError,
+            r"Expected 'edge_index' of shape \[2, E\], got \[3, 10\]",
+        ),
+        ((X, EI.float()), {}, TypeError, r"'edge_index' of dtype torch.int64"),
+        ((X, EI.tolist()), {}, TypeError, r"'edge_index' to be a Tensor"),
+        ((X, torch.tensor([[0, 5], [1, 1]])), {}, ValueError, r"source ids .* below .* 5, got 5"),
+        ((X, torch.tensor([[0, 1], [1, 7]])), {}, ValueError, r"target ids .* got 7"),
+        (
+            (X, torch.tensor([[0, -1], [1, 1]])),
+            {},
+            ValueError,
+            r"'edge_index' to hold node ids >= 0",
+        ),
+        ((X[None],), {}, ValueError, r"'x' of shape \[N, 8\].*got \[1, 5, 8\]"),
+        ((torch.randn(5, 7),), {}, ValueError, r"'x' of shape \[N, 8\], got \[5, 7\]"),
+        ((X.long(),), {}, TypeError, r"'x' of a floating dtype"),
+        (
+            (X,),
+            {"batch": torch.zeros(4, dtype=torch.long)},
+            ValueError,
+            r"'batch' of length 5 .*got 4",
+        ),
+        ((X,), {"batch": torch.tensor([0, 1, 0, 1, 1])}, ValueError, r"'batch' to be sorted"),
+        ((X,), {"batch": torch.zeros(5)}, TypeError, r"'batch' of dtype"),
+        (
+            (X, EI),
+            {"batch": torch.zeros(5, dtype=torch.long)},
+            ValueError,
+            r"either 'edge_index' or 'batch'",
+        ),
+        ((X, EI.to("meta")), {}, ValueError, r"'edge_index' on device cpu"),
+    ],
+)
+def test_bad_layer_input_leaves_layer_unchanged(args, kwargs, exc, match):
+    layer = SelfAttentionConv(8, num_heads=2)
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    with pytest.raises(exc, match=match):
+        layer(*args, **kwargs)
+    after = layer.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert layer._alpha is None
+    # and it still works afterwards
+    assert layer(X).shape == (5, 8)
+
+
+def test_simplified_bad_input():
+    attn = SimplifiedAttention()
+    with pytest.raises(ValueError, match=r"'x' of shape"):
+        attn(torch.randn(3))
+    with pytest.raises(ValueError, match=r"'edge_index' of shape \[2, E\]"):
+        attn(torch.randn(3, 2), torch.zeros(2, 2, 2, dtype=torch.long))
+    with pytest.raises(TypeError, match="'scale'"):
+        SimplifiedAttention(scale="1")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"embed_dim": 10, "num_heads": 3}, r"'embed_dim' divisible by 'num_heads'.*10.*3"),
+        ({"embed_dim": 0}, r"'embed_dim' to be a positive int"),
+        ({"embed_dim": 8, "num_heads": 0}, r"'num_heads' to be a positive int"),
+        ({"embed_dim": 8, "dropout": 1.5}, r"'dropout' in \[0, 1\)"),
+        ({"embed_dim": 8, "backend": "cuda"}, r"'backend' to be one of"),
+    ],
+)
+def test_bad_constructor_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SelfAttentionConv(**kwargs)
+
+
+def test_backend_that_cannot_run_this_graph():
+    layer = SelfAttentionConv(8, backend="dense")
+    with pytest.raises(ValueError, match="backend='dense' needs a graph of known structure"):
+        layer(X, torch.tensor([[0, 1], [1, 2]]))
+    layer = SelfAttentionConv(8, dropout=0.1, backend="fused").train()
+    with pytest.raises(ValueError, match="backend='fused' has no attention dropout"):
+        layer(X, EI)
+
+
+def test_from_torch_rejects_what_it_cannot_express():
+    with pytest.raises(TypeError, match="'mha'"):
+        SelfAttentionConv.from_torch(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="add_bias_kv"):
+        SelfAttentionConv.from_torch(torch.nn.MultiheadAttention(8, 2, add_bias_kv=True))
+    with pytest.raises(ValueError, match="kdim"):
+        SelfAttentionConv.from_torch(torch.nn.MultiheadAttention(8, 2, kdim=4, vdim=4))
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: complete_graph(), ValueError, "'num_nodes' or 'batch'"),
+        (lambda: complete_graph(-1), ValueError, "'num_nodes' >= 0"),
+        (lambda: complete_graph(2.0), TypeError, "'num_nodes' to be an int"),
+        (
+            lambda: causal_graph(3, batch=torch.zeros(2, dtype=torch.long)),
+            ValueError,
+            "'batch' of length num_nodes=3, got 2",
+        ),
+        (lambda: sliding_window_graph(3, window=-1), ValueError, "'window' >= 0"),
+        (lambda: sliding_window_graph(3, window=1.5), TypeError, "'window' to be an int"),
+        (lambda: edge_index_to_mask(torch.tensor([[0], [3]]), 3), ValueError, "target ids"),
+        (
+            lambda: dense_self_attention(
+                SelfAttentionConv(8), X, torch.ones(4, 4, dtype=torch.bool)
+            ),
+            ValueError,
+            r"'mask' of shape \[5, 5\]",
+        ),
+        (
+            lambda: dense_self_attention(SelfAttentionConv(8), torch.randn(5, 3)),
+            ValueError,
+            r"'x' of shape \[N, 8\]",
+        ),
+    ],
+)
+def test_bad_builder_and_reference_input(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
