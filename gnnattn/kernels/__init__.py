@@ -15,6 +15,7 @@ importing gnnattn never compiles anything and works without numba or triton.
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
 import torch
@@ -26,16 +27,11 @@ __all__ = ["get", "reference"]
 
 def get(device: torch.device) -> ModuleType:
     """The kernel module for ``device``: compiled where possible, else the reference."""
-    if device.type == "cuda":
-        try:
-            from . import triton_ops
-        except ImportError:
-            return reference
-        return triton_ops
-    if device.type == "cpu":
-        try:
-            from . import cpu
-        except ImportError:
-            return reference
-        return cpu
-    return reference
+    name = {"cuda": "triton_ops", "cpu": "cpu"}.get(device.type)
+    if name is None:
+        return reference
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ImportError:
+        # numba / triton missing: the pure-torch reference computes the same.
+        return reference
