@@ -27,7 +27,7 @@ ranges), so an explicitly given complete graph still runs densely.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +38,6 @@ from .graphs import (
     CSR,
     causal_graph,
     complete_graph,
-    sliding_window_graph,
     to_csr,
 )
 
@@ -56,28 +55,60 @@ __all__ = [
 BACKENDS = ("auto", "mp", "dense", "fused")
 
 
-@dataclass
 class Graph:
     """An edge set together with what is known about its structure.
 
-    Attributes:
-        edge_index: ``[2, |E|]`` as the user gave it (or as built).
+    For graphs the layers build themselves (complete / causal, optionally
+    batched), ``edge_index`` is only materialized when a backend needs it: the
+    dense backend never does, so ``layer(x)`` costs no ``|E|``-sized work.
+
+    Args:
+        edge_index: ``[2, |E|]`` as the user gave it, or ``None`` with ``build``.
         num_nodes: number of targets ``N``.
         kind: ``"complete"``, ``"causal"``, ``"window"``, ``"causal_window"``
             or ``None`` (arbitrary graph).
         lengths: sequence lengths of the blocks, in order (``None`` if
             unstructured); one entry for a single sequence.
         window: the half-width of a window graph.
-        num_src: number of sources for a bipartite graph (``None``: square).
+        num_src: number of sources of a bipartite graph (``None``: square).
+        build: makes ``edge_index`` on first use when it is not given.
     """
 
-    edge_index: Tensor
-    num_nodes: int
-    kind: str | None = None
-    lengths: list[int] | None = None
-    window: int = 0
-    num_src: int | None = None
-    _csr: CSR | None = field(default=None, repr=False)
+    def __init__(
+        self,
+        edge_index: Tensor | None,
+        num_nodes: int,
+        kind: str | None = None,
+        lengths: list[int] | None = None,
+        window: int = 0,
+        num_src: int | None = None,
+        build: Callable[[], Tensor] | None = None,
+    ) -> None:
+        assert edge_index is not None or build is not None
+        self._edge_index = edge_index
+        self._build = build
+        self.num_nodes = num_nodes
+        self.kind = kind
+        self.lengths = lengths
+        self.window = window
+        self.num_src = num_src
+        self._csr: CSR | None = None
+
+    @property
+    def edge_index(self) -> Tensor:
+        if self._edge_index is None:
+            assert self._build is not None
+            self._edge_index = self._build()
+        return self._edge_index
+
+    @property
+    def num_edges(self) -> int:
+        if self._edge_index is None and self.lengths is not None:
+            if self.kind == "complete":
+                return sum(t * t for t in self.lengths)
+            if self.kind == "causal":
+                return sum(t * (t + 1) // 2 for t in self.lengths)
+        return self.edge_index.shape[1]
 
     @property
     def csr(self) -> CSR:
@@ -88,29 +119,51 @@ class Graph:
 
     @property
     def density(self) -> float:
-        """``|E| / N^2``: the share of the dense matrix a dense backend would waste less of."""
-        n = max(self.num_nodes, 1)
-        return self.edge_index.shape[1] / (n * n)
+        """``|E| / (N M)``: how much of the dense matrix the graph fills."""
+        return self.num_edges / max(self.num_nodes * (self.num_src or self.num_nodes), 1)
+
+    def __repr__(self) -> str:
+        return f"Graph(num_nodes={self.num_nodes}, kind={self.kind!r}, lengths={self.lengths})"
+
+
+_BUILDERS = {"complete": complete_graph, "causal": causal_graph}
 
 
 def structured_graph(
-    kind: str, num_nodes: int, batch: Tensor | None, device: torch.device, window: int = 0
+    kind: str, num_nodes: int, batch: Tensor | None, device: torch.device
 ) -> Graph:
-    """Build a complete / causal / window graph and remember its structure."""
-    if kind == "complete":
-        ei = complete_graph(num_nodes, batch=batch, device=device)
-    elif kind == "causal":
-        ei = causal_graph(num_nodes, batch=batch, device=device)
-    else:
-        ei = sliding_window_graph(
-            num_nodes, window=window, batch=batch, causal=kind == "causal_window", device=device
-        )
+    """A complete or causal graph (one per sequence of ``batch``), built lazily.
+
+    Without ``batch`` the result is cached per ``(kind, N, device)``, with
+    ``batch`` per batch tensor, so repeated calls reuse the same edges and CSR.
+    """
+    key = (kind, num_nodes, str(device))
+    if batch is None:
+        hit = _structured.get(key)
+        if hit is not None:
+            return hit
+    elif not torch.compiler.is_compiling():
+        hit = _cache.get(batch, num_nodes, kind)
+        if hit is not None:
+            return hit
     if batch is None or batch.numel() == 0:
         lengths = [num_nodes] if num_nodes else []
     else:
         lengths = [int(c) for c in torch.bincount(batch).tolist() if c > 0]
-    g = Graph(ei, num_nodes, kind, lengths, window)
-    g._csr = CSR(to_csr(ei, num_nodes).ptr, ei[0], None)
+    builder = _BUILDERS[kind]
+    g = Graph(
+        None,
+        num_nodes,
+        kind,
+        lengths,
+        build=lambda: builder(num_nodes, batch=batch, device=device),
+    )
+    if batch is None:
+        if len(_structured) >= 16:
+            _structured.pop(next(iter(_structured)))
+        _structured[key] = g
+    elif not torch.compiler.is_compiling():
+        _cache.put(batch, num_nodes, g, kind)
     return g
 
 
@@ -186,10 +239,10 @@ class _Cache:
 
     def __init__(self, size: int = 16) -> None:
         self.size = size
-        self.entries: dict[int, tuple[weakref.ref, int, int, Graph]] = {}
+        self.entries: dict[tuple[int, str], tuple[weakref.ref, int, int, Graph]] = {}
 
-    def get(self, edge_index: Tensor, num_nodes: int) -> Graph | None:
-        hit = self.entries.get(id(edge_index))
+    def get(self, edge_index: Tensor, num_nodes: int, tag: str = "") -> Graph | None:
+        hit = self.entries.get((id(edge_index), tag))
         if hit is None:
             return None
         ref, version, n, graph = hit
@@ -197,10 +250,10 @@ class _Cache:
             return graph
         return None
 
-    def put(self, edge_index: Tensor, num_nodes: int, graph: Graph) -> None:
+    def put(self, edge_index: Tensor, num_nodes: int, graph: Graph, tag: str = "") -> None:
         if len(self.entries) >= self.size:
             self.entries.pop(next(iter(self.entries)))
-        self.entries[id(edge_index)] = (
+        self.entries[(id(edge_index), tag)] = (
             weakref.ref(edge_index),
             edge_index._version,
             num_nodes,
@@ -209,6 +262,7 @@ class _Cache:
 
 
 _cache = _Cache()
+_structured: dict[tuple[str, int, str], Graph] = {}
 
 
 def analyze(edge_index: Tensor, num_nodes: int, *, detect: bool = True) -> Graph:
