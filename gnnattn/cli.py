@@ -66,6 +66,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    return bench.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gnnattn", description="Transformer self-attention as message passing over a graph."
@@ -77,6 +83,29 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--tokens", type=int, default=12, help="sequence length T (default 12)")
     check.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     check.set_defaults(func=_cmd_check)
+    bench = sub.add_parser(
+        "bench",
+        help="time gnnattn's backends against MultiheadAttention, SDPA, FlexAttention and PyG",
+    )
+    bench.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    bench.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    bench.add_argument(
+        "--threads", type=int, default=2, help="torch (and numba) CPU threads (default 2)"
+    )
+    bench.add_argument(
+        "--suite",
+        action="append",
+        choices=["complete", "causal", "edge_index", "sparse", "softmax"],
+        help="run only this suite (repeatable; default: all)",
+    )
+    bench.add_argument("--json", metavar="PATH", help="also write every result to PATH")
+    bench.add_argument(
+        "--reps", type=int, default=None, help="fixed number of interleaved repetitions"
+    )
+    bench.add_argument(
+        "--no-memory", action="store_true", help="skip the peak-memory call of each candidate"
+    )
+    bench.set_defaults(func=_cmd_bench)
     return parser
 
 
