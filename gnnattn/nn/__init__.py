@@ -1,6 +1,23 @@
 """Attention layers (PyG ``MessagePassing`` modules) and the models built from them."""
 
 from .conv import SelfAttentionConv, complete_bipartite_graph
+from .positional import (
+    GraphPositionalEncoding,
+    LearnedPositionalEncoding,
+    SinusoidalPositionalEncoding,
+    sequence_positions,
+)
 from .simplified import SimplifiedAttention
+from .transformer import GraphTransformer, GraphTransformerLayer
 
-__all__ = ["SelfAttentionConv", "SimplifiedAttention", "complete_bipartite_graph"]
+__all__ = [
+    "GraphPositionalEncoding",
+    "GraphTransformer",
+    "GraphTransformerLayer",
+    "LearnedPositionalEncoding",
+    "SelfAttentionConv",
+    "SimplifiedAttention",
+    "SinusoidalPositionalEncoding",
+    "complete_bipartite_graph",
+    "sequence_positions",
+]
