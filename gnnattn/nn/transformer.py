@@ -357,8 +357,20 @@ class GraphTransformer(torch.nn.Module):
         edge_attr: Tensor | None = None,
         *,
         batch: Tensor | None = None,
-    ) -> Tensor:
-        """All blocks over one graph (default: complete/causal graph per sequence)."""
+        return_attention_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+        """All blocks over one graph (default: complete/causal graph per sequence).
+
+        Args:
+            x (Tensor): ``[|V|, D]``.
+            edge_index (Tensor, optional): ``[2, |E|]``. (default: :obj:`None`)
+            edge_attr (Tensor, optional): ``[|E|, edge_dim]``, used by every
+                block. (default: :obj:`None`)
+            batch (Tensor, optional): sequence id of every node, instead of
+                ``edge_index``. (default: :obj:`None`)
+            return_attention_weights (bool, optional): also return one
+                ``(edge_index, alpha [|E|, H])`` per block. (default: :obj:`False`)
+        """
         if edge_index is None and batch is not None and not torch.compiler.is_compiling():
             # Build the graph once; the layers then hit the analysis cache.
             if isinstance(batch, Tensor) and batch.shape != (x.shape[0],):
@@ -370,10 +382,24 @@ class GraphTransformer(torch.nn.Module):
                 raise ValueError(f"Expected 'batch' on device {x.device}, got {batch.device}")
             build = causal_graph if self.causal else complete_graph
             edge_index, batch = build(batch=batch), None
+        weights: list[tuple[Tensor, Tensor]] = []
         for layer in self.layers:
-            x = layer(x, edge_index, edge_attr, batch=batch)
+            res = layer(
+                x,
+                edge_index,
+                edge_attr,
+                batch=batch,
+                return_attention_weights=return_attention_weights,
+            )
+            if isinstance(res, tuple):
+                x, w = res
+                weights.append(w)
+            else:
+                x = res
         if self.norm is not None:
             x = self.norm(x)
+        if return_attention_weights:
+            return x, weights
         return x
 
     @classmethod
