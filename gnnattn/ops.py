@@ -502,6 +502,12 @@ def fused_attention(
     if need_weights:
         with torch.no_grad():
             w = kernels.reference.attention_weights(qc, kc, csr.ptr, csr.col, scale, lse, bc)
+            # The scores recomputed here and the kernel's log-sum-exp differ by
+            # rounding; renormalizing makes every row sum to 1 and keeps each
+            # weight <= 1 exactly, as on the other backends.
+            index = kernels.reference.segment_ids(csr.ptr, csr.col.numel())
+            total = kernels.reference._segment_sum(w, index, graph.num_nodes)
+            w = w / torch.where(total > 0, total, torch.ones_like(total))[index]
         if csr.perm is not None:
             w = torch.empty_like(w).index_copy_(0, csr.perm, w)
         weights = w.to(q.dtype)
