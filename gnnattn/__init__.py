@@ -16,13 +16,30 @@ from .graphs import (
     sliding_window_graph,
     to_csr,
 )
-from .nn import SelfAttentionConv, SimplifiedAttention
+from .nn import (
+    GraphPositionalEncoding,
+    GraphTransformer,
+    GraphTransformerLayer,
+    LearnedPositionalEncoding,
+    SelfAttentionConv,
+    SimplifiedAttention,
+    SinusoidalPositionalEncoding,
+    complete_bipartite_graph,
+    sequence_positions,
+)
 from .softmax import naive_scatter_softmax, scatter_softmax
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CSR",
+    "GraphPositionalEncoding",
+    "GraphTransformer",
+    "GraphTransformerLayer",
+    "LearnedPositionalEncoding",
+    "SinusoidalPositionalEncoding",
+    "complete_bipartite_graph",
+    "sequence_positions",
     "SelfAttentionConv",
     "SimplifiedAttention",
     "causal_graph",

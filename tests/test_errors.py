@@ -142,3 +142,17 @@ def test_from_torch_rejects_what_it_cannot_express():
 def test_bad_builder_and_reference_input(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_dtype_and_device_mismatch():
+    layer = SelfAttentionConv(8, num_heads=2)
+    with pytest.raises(
+        TypeError, match=r"'x' of the layer's dtype torch.float32, got torch.float64"
+    ):
+        layer(X.double())
+    with pytest.raises(ValueError, match=r"'x' on the layer's device cpu, got meta"):
+        layer(X.to("meta"))
+    with pytest.raises(TypeError, match=r"'x\[0\]' and 'x\[1\]' of one dtype"):
+        layer((X, X.double()))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(X.bfloat16()).shape == (5, 8)

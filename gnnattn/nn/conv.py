@@ -338,9 +338,25 @@ class SelfAttentionConv(MessagePassing):
                 raise TypeError(
                     f"Expected 'x[0]' and 'x[1]' of one dtype, got {x_src.dtype} and {x_dst.dtype}"
                 )
+            self._check_like_params(x_src, "x")
             return x_src, x_dst, True
         check_x(x, self.embed_dim)
+        self._check_like_params(x, "x")
         return x, x, False
+
+    def _check_like_params(self, x: Tensor, name: str) -> None:
+        w = self.lin_query.weight
+        if x.device != w.device:
+            raise ValueError(
+                f"Expected '{name}' on the layer's device {w.device}, got {x.device} "
+                f"(move one with .to())"
+            )
+        # Under autocast the projections cast x themselves.
+        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(
+                f"Expected '{name}' of the layer's dtype {w.dtype}, got {x.dtype} "
+                f"(convert with layer.to({x.dtype}) or x.to({w.dtype}), or use torch.autocast)"
+            )
 
     def _check_edge_attr(
         self, edge_attr: Tensor | None, edge_index: Tensor | None, x: Tensor
