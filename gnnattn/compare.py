@@ -1,0 +1,368 @@
+r"""Graph attention vs dense attention on the same weights: the parity harness.
+
+:func:`compare` runs one :class:`~gnnattn.SelfAttentionConv` through its graph
+backends (``"mp"``, ``"dense"``, ``"fused"``) and the same weights through
+:class:`torch.nn.MultiheadAttention`, :func:`torch.nn.functional.scaled_dot_product_attention`
+and (where it runs) FlexAttention, in float32 / float16 / bfloat16, with and
+without causal masking. Each is measured against one float64 reference computed
+here from the layer's projection weights with the textbook formula
+
+.. math::
+    O = W_O \Big\Vert_h \operatorname{softmax}\!\left(\frac{Q^h {K^h}^\top}{\sqrt{C}}
+        + \log M\right) V^h
+
+(never through the layer's own code, so a bug in the layer cannot hide in its
+reference). Errors are the max absolute error and the relative error
+:math:`\max|a - b| / \max|b|` of the outputs, the ``[H, N, N]`` weights and the
+gradient with respect to ``x``; a row is ``ok`` when all three relative errors
+are within the dtype's tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .graphs import causal_graph, complete_graph
+from .nn import SelfAttentionConv
+
+__all__ = ["ParityResult", "ParityRow", "TOLERANCES", "compare"]
+
+#: Relative tolerance per dtype: a few units of each format's rounding error,
+#: grown by the reductions of an attention layer.
+TOLERANCES: dict[str, float] = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 6e-2}
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+CANDIDATES = ("mp", "dense", "fused", "nn.MultiheadAttention", "sdpa", "flex_attention")
+
+
+@dataclass
+class ParityRow:
+    """One candidate in one dtype, causal or not, against the float64 reference.
+
+    Errors are ``nan`` when the candidate does not give that quantity (SDPA
+    returns no weights) and every field but ``note`` is ``nan`` when the
+    candidate did not run (``note`` says why).
+    """
+
+    candidate: str
+    dtype: str
+    causal: bool
+    out_abs: float = math.nan
+    out_rel: float = math.nan
+    weight_abs: float = math.nan
+    weight_rel: float = math.nan
+    grad_abs: float = math.nan
+    grad_rel: float = math.nan
+    ms_per_call: float = math.nan
+    ok: bool | None = None
+    note: str = ""
+
+
+@dataclass
+class ParityResult:
+    """What :func:`compare` found: one :class:`ParityRow` per run, plus the setting."""
+
+    tokens: int
+    embed_dim: int
+    num_heads: int
+    rows: list[ParityRow] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Every candidate that ran is within tolerance."""
+        return all(r.ok is not False for r in self.rows)
+
+    def row(self, candidate: str, dtype: str = "float32", causal: bool = False) -> ParityRow:
+        """The row of one run; ``KeyError`` when it was not part of the comparison."""
+        for r in self.rows:
+            if (r.candidate, r.dtype, r.causal) == (candidate, dtype, causal):
+                return r
+        raise KeyError(f"no row for candidate={candidate!r}, dtype={dtype!r}, causal={causal}")
+
+    def failures(self) -> list[ParityRow]:
+        """The rows outside tolerance."""
+        return [r for r in self.rows if r.ok is False]
+
+    def table(self) -> str:
+        """A plain-text table, one line per run."""
+
+        def cell(v: float) -> str:
+            return f"{'-':>8}" if math.isnan(v) else f"{v:8.1e}"
+
+        head = (
+            f"{'candidate':<22} {'dtype':<8} {'causal':<6} {'out abs':>8} {'out rel':>8} "
+            f"{'w abs':>8} {'w rel':>8} {'grad abs':>8} {'grad rel':>8} {'ms/call':>8}  verdict"
+        )
+        lines = [
+            f"graph vs dense attention, T={self.tokens}, embed {self.embed_dim}, "
+            f"{self.num_heads} heads; errors vs a float64 reference",
+            head,
+            "-" * len(head),
+        ]
+        for r in self.rows:
+            verdict = {True: "ok", False: "NOT EQUAL", None: "n/a"}[r.ok]
+            if r.note:
+                verdict += f" ({r.note})"
+            ms = f"{'-':>8}" if math.isnan(r.ms_per_call) else f"{r.ms_per_call:8.3f}"
+            lines.append(
+                f"{r.candidate:<22} {r.dtype:<8} {str(r.causal):<6} {cell(r.out_abs)} "
+                f"{cell(r.out_rel)} {cell(r.weight_abs)} {cell(r.weight_rel)} "
+                f"{cell(r.grad_abs)} {cell(r.grad_rel)} {ms}  {verdict}"
+            )
+        tol = ", ".join(f"{k} {v:g}" for k, v in TOLERANCES.items())
+        lines.append(f"relative tolerance: {tol}. agreement: {'OK' if self.ok else 'FAILED'}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+# --------------------------------------------------------------------- helpers
+
+
+def _qkv(layer: SelfAttentionConv, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    n, h, c = x.shape[0], layer.num_heads, layer.head_dim
+    q = layer.lin_query(x).view(n, h, c).transpose(0, 1)  # (H, N, C)
+    k = layer.lin_key(x).view(n, h, c).transpose(0, 1)  # (H, N, C)
+    v = layer.lin_value(x).view(n, h, c).transpose(0, 1)  # (H, N, C)
+    return q, k, v
+
+
+def _reference(layer: SelfAttentionConv, x: Tensor, causal: bool) -> tuple[Tensor, Tensor]:
+    """Output and ``[H, N, N]`` weights from the formula, with 1/sqrt(C) fixed here."""
+    n = x.shape[0]
+    q, k, v = _qkv(layer, x)
+    s = q @ k.transpose(-1, -2) / math.sqrt(layer.head_dim)  # (H, N, N)
+    if causal:
+        s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    p = torch.softmax(s, dim=-1)  # row-wise: over the sources of each target
+    o = (p @ v).transpose(0, 1).reshape(n, layer.embed_dim)
+    return layer.lin_out(o), p
+
+
+def _dense_weights(edge_index: Tensor, alpha: Tensor, n: int) -> Tensor:
+    h = alpha.shape[1]
+    w = alpha.new_zeros(h, n, n)
+    heads = torch.arange(h, device=alpha.device).view(h, 1).expand(h, alpha.shape[0])
+    w.index_put_((heads, edge_index[1].expand(h, -1), edge_index[0].expand(h, -1)), alpha.t())
+    return w
+
+
+def _graph_candidate(backend: str) -> Callable:
+    def run(layer: SelfAttentionConv, x: Tensor, causal: bool) -> tuple[Tensor, Tensor | None]:
+        n = x.shape[0]
+        ei = (causal_graph if causal else complete_graph)(n, device=x.device)
+        saved = layer.backend
+        layer.backend = backend
+        try:
+            out, (ei, alpha) = layer(x, ei, return_attention_weights=True)
+        finally:
+            layer.backend = saved
+        return out, _dense_weights(ei, alpha.detach(), n)
+
+    return run
+
+
+def _mha(layer: SelfAttentionConv, x: Tensor, causal: bool) -> tuple[Tensor, Tensor | None]:
+    mha = layer.to_torch(batch_first=True)
+    n = x.shape[0]
+    # nn.MultiheadAttention's bool mask is True where attention is NOT allowed.
+    mask = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1) if causal else None
+    out, w = mha(
+        x[None], x[None], x[None], attn_mask=mask, need_weights=True, average_attn_weights=False
+    )
+    return out[0], w[0]
+
+
+def _sdpa(layer: SelfAttentionConv, x: Tensor, causal: bool) -> tuple[Tensor, Tensor | None]:
+    q, k, v = _qkv(layer, x)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (H, N, C)
+    return layer.lin_out(o.transpose(0, 1).reshape(x.shape[0], layer.embed_dim)), None
+
+
+def _flex(layer: SelfAttentionConv, x: Tensor, causal: bool) -> tuple[Tensor, Tensor | None]:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    n = x.shape[0]
+    q, k, v = _qkv(layer, x)
+    block_mask = None
+    if causal:
+        block_mask = create_block_mask(
+            lambda b, h, i, j: j <= i, None, None, n, n, device=str(x.device)
+        )
+    with warnings.catch_warnings():
+        # Eager flex_attention warns that it is unfused; here it is a reference, not a speed.
+        warnings.simplefilter("ignore", UserWarning)
+        o = flex_attention(q[None], k[None], v[None], block_mask=block_mask)[0]  # (H, N, C)
+    return layer.lin_out(o.transpose(0, 1).reshape(n, layer.embed_dim)), None
+
+
+_RUNNERS: dict[str, Callable] = {
+    "mp": _graph_candidate("mp"),
+    "dense": _graph_candidate("dense"),
+    "fused": _graph_candidate("fused"),
+    "nn.MultiheadAttention": _mha,
+    "sdpa": _sdpa,
+    "flex_attention": _flex,
+}
+
+
+def _err(a: Tensor, ref: Tensor) -> tuple[float, float]:
+    d = (a.double() - ref).abs().max().item() if a.numel() else 0.0
+    scale = ref.abs().max().item() if ref.numel() else 0.0
+    return d, d / scale if scale > 0 else d
+
+
+# ------------------------------------------------------------------------- API
+
+
+def compare(
+    layer: SelfAttentionConv | None = None,
+    x: Tensor | None = None,
+    *,
+    tokens: int = 12,
+    embed_dim: int = 16,
+    num_heads: int = 4,
+    dtypes: Sequence[str] = ("float32", "float16", "bfloat16"),
+    causal: Sequence[bool] = (False, True),
+    candidates: Sequence[str] | None = None,
+    reps: int = 3,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    verbose: bool = False,
+) -> ParityResult:
+    r"""Run every candidate on the same weights and inputs and measure it against float64.
+
+    Args:
+        layer (SelfAttentionConv, optional): the layer to check (its weights are
+            copied, it is not changed). (default: :obj:`None`, a seeded
+            ``SelfAttentionConv(embed_dim, num_heads)``)
+        x (Tensor, optional): ``[T, D]`` input. (default: :obj:`None`, seeded
+            ``randn(tokens, embed_dim)``)
+        tokens (int, optional): :math:`T` when ``x`` is not given. (default: ``12``)
+        embed_dim (int, optional): :math:`D` when ``layer`` is not given. (default: ``16``)
+        num_heads (int, optional): :math:`H` when ``layer`` is not given. (default: ``4``)
+        dtypes (sequence of str, optional): among ``"float32"``, ``"float16"``,
+            ``"bfloat16"``. (default: all three)
+        causal (sequence of bool, optional): which maskings. (default: ``(False, True)``)
+        candidates (sequence of str, optional): among :data:`CANDIDATES`.
+            (default: :obj:`None`, all)
+        reps (int, optional): forward calls timed per run. (default: ``3``)
+        seed (int, optional): seed of the default layer, input and output
+            gradient. (default: ``0``)
+        device (torch.device or str, optional): where to run. (default: ``"cpu"``)
+        verbose (bool, optional): print the table. (default: :obj:`False`)
+
+    Returns:
+        ParityResult: ``.ok``, ``.rows``, ``.row(candidate, dtype, causal)``,
+        ``.table()``.
+
+    Shapes:
+        - **x:** ``[T, D]``
+
+    Example:
+        >>> res = compare(tokens=4, embed_dim=8, num_heads=2, dtypes=["float32"],
+        ...               candidates=["mp", "sdpa"])
+        >>> res.ok, res.row("mp", "float32", causal=True).out_rel < 1e-4
+        (True, True)
+    """
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(seed)
+    if layer is None:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            layer = SelfAttentionConv(embed_dim, num_heads)
+    if not isinstance(layer, SelfAttentionConv):
+        raise TypeError(f"Expected 'layer' to be a SelfAttentionConv, got {type(layer).__name__}")
+    if layer.edge_dim is not None:
+        raise ValueError(
+            f"Expected a layer without edge features (the dense peers have no edge inputs), got "
+            f"edge_dim={layer.edge_dim}"
+        )
+    d = layer.embed_dim
+    if x is None:
+        x = torch.randn(tokens, d, generator=gen, dtype=torch.float64)
+    if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != d:
+        raise ValueError(f"Expected 'x' of shape [T, {d}], got {list(getattr(x, 'shape', []))}")
+    for name in dtypes:
+        if name not in _DTYPES:
+            raise ValueError(f"Expected 'dtypes' among {tuple(_DTYPES)}, got {name!r}")
+    names = list(CANDIDATES if candidates is None else candidates)
+    for name in names:
+        if name not in _RUNNERS:
+            raise ValueError(f"Expected 'candidates' among {CANDIDATES}, got {name!r}")
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ValueError(f"Expected 'reps' to be an int >= 1, got {reps!r}")
+
+    x64 = x.detach().to(device=device, dtype=torch.float64)
+    grad_out = torch.randn(x64.shape, generator=gen, dtype=torch.float64).to(device)
+    ref_layer = _copy(layer, torch.float64, device)
+    result = ParityResult(tokens=x64.shape[0], embed_dim=d, num_heads=layer.num_heads)
+    for is_causal in causal:
+        xr = x64.clone().requires_grad_(True)
+        ref_out, ref_w = _reference(ref_layer, xr, bool(is_causal))
+        ref_out.backward(grad_out)
+        assert xr.grad is not None
+        ref_out, ref_w, ref_g = ref_out.detach(), ref_w.detach(), xr.grad
+        for dname in dtypes:
+            dt = _DTYPES[dname]
+            lay = _copy(layer, dt, device)
+            for cand in names:
+                row = ParityRow(cand, dname, bool(is_causal))
+                result.rows.append(row)
+                try:
+                    out, w, g, row.ms_per_call = _run(
+                        _RUNNERS[cand], lay, x64.to(dt), grad_out.to(dt), bool(is_causal), reps
+                    )
+                except Exception as err:  # a peer that cannot run here is reported, not fatal
+                    row.note = f"{type(err).__name__}: {str(err).splitlines()[0][:60]}"
+                    continue
+                row.out_abs, row.out_rel = _err(out, ref_out)
+                if w is not None:
+                    row.weight_abs, row.weight_rel = _err(w, ref_w)
+                if g is not None:
+                    row.grad_abs, row.grad_rel = _err(g, ref_g)
+                else:
+                    row.note = "no backward here"
+                rels = [r for r in (row.out_rel, row.weight_rel, row.grad_rel) if not math.isnan(r)]
+                row.ok = all(r <= TOLERANCES[dname] for r in rels)
+    if verbose:
+        print(result.table())
+    return result
+
+
+def _copy(layer: SelfAttentionConv, dtype: torch.dtype, device: torch.device) -> SelfAttentionConv:
+    import copy
+
+    out = copy.deepcopy(layer).to(device=device, dtype=dtype)
+    return out.eval()  # dropout off: the operator, not one random sample of it
+
+
+def _run(
+    runner: Callable, layer: SelfAttentionConv, x: Tensor, g: Tensor, causal: bool, reps: int
+) -> tuple[Tensor, Tensor | None, Tensor | None, float]:
+    """``(output, weights, grad of x, ms per forward call)`` of one candidate."""
+    xg = x.clone().requires_grad_(True)
+    try:
+        out, w = runner(layer, xg, causal)
+        out.backward(g)
+    except NotImplementedError:
+        # FlexAttention has no CPU backward: report its forward alone.
+        with torch.no_grad():
+            out, w = runner(layer, x, causal)
+        xg.grad = None
+    with torch.no_grad():
+        runner(layer, x, causal)  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            runner(layer, x, causal)
+        ms = (time.perf_counter() - t0) / reps * 1e3
+    return out.detach(), w, xg.grad, ms
