@@ -72,6 +72,99 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return bench.main(args)
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import compare
+
+    res = compare(
+        tokens=args.tokens,
+        embed_dim=args.embed_dim,
+        num_heads=args.heads,
+        dtypes=args.dtype or ("float32", "float16", "bfloat16"),
+        causal={"both": (False, True), "yes": (True,), "no": (False,)}[args.causal],
+        reps=args.reps,
+        seed=args.seed,
+        device=args.device,
+    )
+    print(res.table())
+    return 0 if res.ok else 1
+
+
+def _embed(tokens: list[str], dim: int):
+    """Small deterministic embeddings: a generator seeded by a stable hash of each token.
+
+    The same word always gets the same vector (so "The" and "the" differ, but
+    two "the" agree), on every machine and run; Python's ``hash`` is salted
+    per process, so crc32 is used instead.
+    """
+    import zlib
+
+    import torch
+
+    rows = []
+    for tok in tokens:
+        g = torch.Generator().manual_seed(zlib.crc32(tok.encode("utf-8")))
+        rows.append(torch.randn(dim, generator=g))
+    return torch.stack(rows)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    import os
+    import tempfile
+
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+    import torch
+
+    from . import SelfAttentionConv, causal_graph, complete_graph
+    from .compare import compare
+    from .viz import draw_attention, draw_heatmap, draw_side_by_side, softmax_steps
+
+    tokens = args.text.split()
+    if not tokens:
+        print("gnnattn demo: --text is empty; give a sentence, e.g. --text 'The bank of the river'")
+        return 2
+    if args.out is None:
+        out = tempfile.mkdtemp(prefix="gnnattn-demo-", dir=os.getcwd())
+    else:
+        out = args.out
+        os.makedirs(out, exist_ok=True)
+    d, h = 16, 2
+    x = _embed(tokens, d)
+    torch.manual_seed(args.seed)
+    layer = SelfAttentionConv(d, num_heads=h).eval()
+    t = len(tokens)
+    print(f"tokens ({t}): {tokens}")
+    print("each token is a node; self-attention is message passing on the complete graph\n")
+    res = compare(layer, x, dtypes=("float32", "float16", "bfloat16"), reps=2)
+    print(res.table())
+
+    q = layer.lin_query(x).view(t, h, -1)[:, 0]  # head 0
+    k = layer.lin_key(x).view(t, h, -1)[:, 0]
+    print("\nhead 0, step by step for the last token:")
+    print(softmax_steps(q, k, t - 1, scale=layer.scale, tokens=tokens))
+
+    paths = []
+    with torch.no_grad():
+        _, (ei, alpha) = layer(x, complete_graph(t), return_attention_weights=True)
+        _, (cei, calpha) = layer(x, causal_graph(t), return_attention_weights=True)
+    figs = {
+        "attention_graph.png": draw_attention(ei, alpha, tokens=tokens, head=0).figure,
+        "heatmap.png": draw_heatmap(ei, alpha, tokens=tokens, head=0).figure,
+        "causal_dag.png": draw_attention(cei, calpha, tokens=tokens, head=0).figure,
+        "side_by_side.png": draw_side_by_side(ei, alpha, tokens=tokens, head=0),
+    }
+    print()
+    for name, fig in figs.items():
+        path = os.path.join(out, name)
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(path)
+        print(f"wrote {path}")
+    return 0 if res.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gnnattn", description="Transformer self-attention as message passing over a graph."
@@ -106,6 +199,38 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-memory", action="store_true", help="skip the peak-memory call of each candidate"
     )
     bench.set_defaults(func=_cmd_bench)
+    cmp = sub.add_parser(
+        "compare",
+        help="parity table: graph backends vs MultiheadAttention, SDPA, FlexAttention per dtype",
+    )
+    cmp.add_argument("--tokens", type=int, default=12, help="sequence length T (default 12)")
+    cmp.add_argument("--embed-dim", type=int, default=16, help="embedding width (default 16)")
+    cmp.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    cmp.add_argument(
+        "--dtype",
+        action="append",
+        choices=["float32", "float16", "bfloat16"],
+        help="repeatable (default: all three)",
+    )
+    cmp.add_argument(
+        "--causal", choices=["both", "yes", "no"], default="both", help="masking (default both)"
+    )
+    cmp.add_argument("--reps", type=int, default=3, help="timed calls per run (default 3)")
+    cmp.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    cmp.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    cmp.set_defaults(func=_cmd_compare)
+    demo = sub.add_parser(
+        "demo",
+        help="attention on a sentence: parity table, step-by-step softmax, graph/heatmap/DAG PNGs",
+    )
+    demo.add_argument(
+        "--text", default="The bank of the river", help="the sentence (default %(default)r)"
+    )
+    demo.add_argument(
+        "--out", default=None, help="folder for the PNGs (default: a new ./gnnattn-demo-XXXX)"
+    )
+    demo.add_argument("--seed", type=int, default=0, help="seed of the layer (default 0)")
+    demo.set_defaults(func=_cmd_demo)
     return parser
 
 
