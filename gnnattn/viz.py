@@ -60,10 +60,10 @@ def _num_nodes(edge_index: Tensor, num_nodes: int | None, tokens: Any) -> int:
         if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
             raise ValueError(f"Expected 'num_nodes' to be an int >= 0, got {num_nodes!r}")
         n = num_nodes
-    elif tokens is not None:
-        n = len(tokens)
     else:
         n = int(edge_index.max()) + 1 if edge_index.numel() else 0
+        # Extra tokens are nodes without edges; too few is an error below.
+        n = max(n, len(tokens)) if tokens is not None else n
     if tokens is not None and len(tokens) != n:
         raise ValueError(
             f"Expected 'tokens' to hold one label per node ({n}), got {len(tokens)} labels"
