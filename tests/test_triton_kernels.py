@@ -158,6 +158,16 @@ def test_triton_segment_softmax_split_equals_unsplit() -> None:
     _close(split, whole, torch.float32)
 
 
+def test_triton_segment_softmax_more_heads_than_one_head_block() -> None:
+    # H = 20 > BLOCK_H = 16: two head blocks, the second one padded.
+    x, ptr = _scores([4, 0, 33], 20, torch.float32)
+    y = ts.segment_softmax_fwd(x, ptr, block_e=16, split_blocks=1)
+    _close(y, ref.segment_softmax_fwd(x, ptr), torch.float32)
+    g = torch.randn_like(x)
+    dx = ts.segment_softmax_bwd(y, g, ptr, block_e=16, split_blocks=1)
+    _close(dx, ref.segment_softmax_bwd(y, g, ptr), torch.float32)
+
+
 def test_triton_segment_softmax_1d_and_empty_inputs() -> None:
     ptr = _ptr([3, 0, 20])
     x = torch.randn(23, device=DEV)
@@ -381,7 +391,7 @@ def test_triton_cuda_segment_softmax_int64_offsets() -> None:
     # E * H = 2**31 + 2**24 elements: offsets past int32 must stay right.
     e, h = (1 << 28) + (1 << 21), 8
     x = torch.randn(e, h, device="cuda", dtype=torch.float16)
-    ptr = torch.linspace(0, e, 4097, device="cuda").round().long()
+    ptr = torch.arange(4097, device="cuda") * e // 4096
     y = ts.segment_softmax_fwd(x, ptr)
     tail = slice(int(ptr[-2]), e)  # the last segment lies past 2**31 elements
     torch.testing.assert_close(

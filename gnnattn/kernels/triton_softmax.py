@@ -528,7 +528,8 @@ def bench_segment_softmax_bandwidth(
     if not torch.cuda.is_available() and device == "cuda":
         raise RuntimeError("bench_segment_softmax_bandwidth needs a CUDA device")
     n = max(1, num_edges // avg_degree)
-    ptr = torch.linspace(0, num_edges, n + 1, device=device).round().to(torch.int64)
+    # Integer arithmetic: float32 linspace is not exact past 2**24.
+    ptr = torch.arange(n + 1, dtype=torch.int64, device=device) * num_edges // n
     x = torch.randn(num_edges, num_heads, device=device)
     out = torch.empty_like(x)
     nbytes = 8 * x.numel()
