@@ -127,6 +127,9 @@ class Graph:
 
 
 _BUILDERS = {"complete": complete_graph, "causal": causal_graph}
+# Structured graphs up to this many edges (about 100 MB of edges and CSR) are
+# cached between calls.
+_CACHE_MAX_EDGES = 1 << 22
 
 
 def structured_graph(
@@ -158,6 +161,10 @@ def structured_graph(
         lengths,
         build=lambda: builder(num_nodes, batch=batch, device=device),
     )
+    if g.num_edges > _CACHE_MAX_EDGES:
+        # Once a backend builds its edges, a cached graph would keep them
+        # (16 bytes an edge, plus the CSR) for the life of the process.
+        return g
     if batch is None:
         if len(_structured) >= 16:
             _structured.pop(next(iter(_structured)))
