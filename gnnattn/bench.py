@@ -54,6 +54,7 @@ quoted.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import math
@@ -309,8 +310,8 @@ def _dense_cases(cfg: BenchConfig, sizes: dict[str, Any], device: torch.device) 
                 "F.sdpa [1,H,T,C] (+proj)",
                 _projected(
                     layer,
-                    lambda q, k, v, c=causal, s=layer.scale: F.scaled_dot_product_attention(
-                        q, k, v, is_causal=c, scale=s
+                    functools.partial(
+                        F.scaled_dot_product_attention, is_causal=causal, scale=layer.scale
                     ),
                 ),
             ),
@@ -900,7 +901,8 @@ def run(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> dict[str,
         with contextlib.suppress(Exception):
             import numba
 
-            numba.set_num_threads(min(cfg.threads, numba.config.NUMBA_NUM_THREADS))
+            limit = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
+            numba.set_num_threads(min(cfg.threads, limit))
     torch.manual_seed(cfg.seed)
     machine = machine_info(cfg)
     start = time.perf_counter()
