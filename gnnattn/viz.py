@@ -109,6 +109,18 @@ def _head_weights(alpha: Tensor, head: int | None) -> Tensor:
     return alpha[:, head]
 
 
+def _which(alpha: Tensor, head: int | None) -> str:
+    """The head part of a title: empty for one head, else which head or the mean."""
+    if alpha.dim() == 1 or alpha.shape[1] == 1:
+        return ""
+    return " (mean over heads)" if head is None else f" (head {head})"
+
+
+def _label_size(label: str) -> float:
+    # Node circles have a fixed size: long tokens get a smaller font to fit.
+    return 9.0 if len(label) <= 4 else max(6.0, 36.0 / len(label))
+
+
 def _labels(n: int, tokens: Any) -> list[str]:
     return [str(t) for t in tokens] if tokens is not None else [str(i) for i in range(n)]
 
@@ -349,6 +361,14 @@ def _filter(
     return kept, shown + ("; hidden: " + ", ".join(notes) if notes else "")
 
 
+def _wrap_note(note: str, width: int = 48) -> str:
+    """The filter note on short lines, broken between its items, never inside one."""
+    lines = []
+    for line in note.split("; "):
+        lines.append(line if len(line) <= width else line.replace(", ", ",\n"))
+    return "\n".join(lines)
+
+
 def _curve_mid(p0: tuple[float, float], p1: tuple[float, float], rad: float) -> tuple[float, float]:
     # The midpoint of matplotlib's arc3 quadratic Bezier, for the edge label.
     mx, my = (p0[0] + p1[0]) / 2, (p0[1] + p1[1]) / 2
@@ -487,7 +507,8 @@ def draw_attention(
             )
     for v, (x, y) in pos.items():
         ax.add_patch(Circle((x, y), node_r, fc="white", ec="black", lw=1.2, zorder=2))
-        ax.text(x, y, g.nodes[v]["label"], ha="center", va="center", fontsize=9, zorder=3)
+        label = g.nodes[v]["label"]
+        ax.text(x, y, label, ha="center", va="center", fontsize=_label_size(label), zorder=3)
     pad = 0.6
     ax.set_xlim(min(xs) - pad, max(xs) + pad)
     ax.set_ylim(
@@ -496,21 +517,25 @@ def draw_attention(
     )
     ax.set_aspect("equal")
     ax.axis("off")
-    which = "mean over heads" if head is None else f"head {head}"
-    ax.set_title(title if title is not None else f"attention ({which}): arrow j → i, width ∝ α")
+    which = _which(alpha, head)
+    ax.set_title(title if title is not None else f"attention{which}: arrow j → i, width ∝ α")
     handles = [
         Line2D([], [], color=color, lw=max_width * 0.5, alpha=0.5, label="α = 0.5"),
         Line2D([], [], color=color, lw=max_width * 0.1, alpha=0.1, label="α = 0.1"),
-        Line2D([], [], color="none", label=note),
     ]
-    ax.legend(
+    # The filter note is the legend's title, wrapped, so that it fits under
+    # the narrow axes of a per-head grid instead of running into the next one.
+    legend = ax.legend(
         handles=handles,
-        loc="lower center",
-        bbox_to_anchor=(0.5, -0.12),
-        ncol=3,
+        title=_wrap_note(note),
+        title_fontsize=7,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=2,
         fontsize=7,
         frameon=False,
     )
+    legend.get_title().set_multialignment("center")
     ax.graph = g
     ax.layout_name = used
     return ax
@@ -637,8 +662,8 @@ def draw_heatmap(
                         fontsize=8,
                         color="white" if v > 0.6 else "black",
                     )
-    which = "mean over heads" if head is None else f"head {head}"
-    ax.set_title(title if title is not None else f"attention matrix ({which}): rows sum to 1")
+    which = _which(alpha, head)
+    ax.set_title(title if title is not None else f"attention matrix{which}: rows sum to 1")
     ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="α")
     return ax
 

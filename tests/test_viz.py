@@ -100,8 +100,12 @@ def test_drawings_nonempty(kind):
 def test_filters_are_named_in_the_legend():
     ei, alpha = _weights(complete_graph(5))
     ax = viz.draw_attention(ei, alpha, min_weight=0.15, top_k=2)
-    text = " ".join(t.get_text() for t in ax.get_legend().get_texts())
-    assert "hidden" in text and "top 2" in text
+    legend = ax.get_legend()
+    texts = [legend.get_title().get_text()] + [t.get_text() for t in legend.get_texts()]
+    text = " ".join(" ".join(texts).split())  # the note is wrapped over lines
+    assert "hidden" in text and "top 2" in text and "weight < 0.15" in text
+    full = viz.draw_attention(ei, alpha).get_legend().get_title().get_text()
+    assert "25 of 25 edges shown" in full and "hidden" not in full
 
 
 def test_softmax_steps_lesson_numbers():
