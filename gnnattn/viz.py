@@ -118,7 +118,7 @@ def _which(alpha: Tensor, head: int | None) -> str:
 
 def _label_size(label: str) -> float:
     # Node circles have a fixed size: long tokens get a smaller font to fit.
-    return 9.0 if len(label) <= 4 else max(6.0, 36.0 / len(label))
+    return 9.0 if len(label) <= 3 else max(6.0, 30.0 / len(label))
 
 
 def _labels(n: int, tokens: Any) -> list[str]:
@@ -470,8 +470,8 @@ def draw_attention(
             ax.add_patch(Circle(c, lr, fill=False, lw=lw, ec=color, alpha=op, zorder=1))
             if show_labels:
                 ax.text(
-                    c[0] + dx * lr * 1.6,
-                    c[1] + dy * lr * 1.6,
+                    c[0] + dx * lr * 2.0,
+                    c[1] + dy * lr * 2.0,
                     f"{w:.2f}",
                     ha="center",
                     va="center",
