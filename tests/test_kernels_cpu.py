@@ -1,18 +1,27 @@
 """The numba CPU kernels against their pure-torch references, on awkward sizes."""
 
+import gc
+
+import numpy as np
 import pytest
 import torch
 
 from gnnattn.kernels import cpu
 from gnnattn.kernels import reference as ref
 
-# float64: both compute the same sums in other orders, so only rounding
-# differs. float32: reassociated dot products of length C and sums of up to
-# 5000 exponentials, relative error ~ sqrt(terms) * 2^-24 < 1e-5; but a score
-# of magnitude L is only known to ~L * 2^-24 absolute, and exp turns that into
-# a relative error of the weights, so float32 tolerances grow with L (1e3
-# logits: scores of several hundred).
-TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
+F64, F32 = torch.float64, torch.float32
+
+# float64: the kernels and the reference add the same terms in other orders,
+# so only rounding differs, far below 1e-10 for these sizes.
+# float32: the kernels are compared with the float64 reference on the same
+# (float32-representable) inputs, so the tolerance is the float32 error
+# itself. Sums of up to 5000 terms and length-C dot products give relative
+# errors ~1e-6; a score s is only known to ~|s| * C * 2^-24, and exp turns
+# that absolute error into a relative error of the weights, so the bound
+# grows with the largest |score| (hundreds to thousands with 1e3 logits).
+# 2e-6 per unit of score is ~10x the largest error these cases show.
+TOL64 = 1e-10
+TOL32 = 2e-6
 
 
 def csr_of(deg):
@@ -22,100 +31,247 @@ def csr_of(deg):
     return ptr
 
 
+# name: (in-degree of each target, number of sources M)
 CASES = {
-    "ragged": ([3, 0, 1, 17, 5, 0, 2, 9, 11], 13),  # isolated targets, M != N
+    "ragged": ([3, 0, 1, 17, 5, 0, 2, 9, 11], 13),  # isolated targets, N != M
     "one node": ([1], 1),
-    "no edges": ([0, 0, 0], 4),
+    "no edges": ([0, 0, 0], 4),  # E = 0
+    "empty graph": ([], 3),  # N = 0, E = 0
     "hub": ([5000, 1, 2, 3, 0, 7], 40),  # one target with 5000 in-edges
-    "bipartite": ([4, 4, 4], 101),
+    "bipartite": ([4, 4, 4], 101),  # many more sources than targets
 }
 
 
-def make(case, dtype, heads=3, c=5, cv=7, scale_logits=1.0, seed=0):
+def make(case, dtype, heads=3, c=13, cv=7, logits=1.0, seed=0):
+    """q, k, v, ptr, col for ``case``, with a duplicated edge where there are enough."""
     deg, m = CASES[case]
     g = torch.Generator().manual_seed(seed)
     ptr = csr_of(deg)
     n, e = len(deg), int(ptr[-1])
     col = torch.randint(0, m, (e,), generator=g)
     if e > 4:
-        col[1] = col[0]  # a duplicate edge
-    q = torch.randn(n, heads, c, generator=g, dtype=dtype) * scale_logits
+        col[1] = col[0]  # a duplicate edge (both targets are target 0 in every case)
+    q = torch.randn(n, heads, c, generator=g, dtype=dtype) * logits
     k = torch.randn(m, heads, c, generator=g, dtype=dtype)
     v = torch.randn(m, heads, cv, generator=g, dtype=dtype)
     return q, k, v, ptr, col
 
 
-def close(a, b, dtype, logit=0.0):
-    scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
-    tol = TOL[dtype] * (1.0 + (logit if dtype == torch.float32 else 0.0))
-    return a.shape == b.shape and bool(((a - b).abs() <= tol * scale).all())
+def assert_close(got, want, tol):
+    """``|got - want| <= tol * max(1, max |want|)``, elementwise, same shape."""
+    assert got.shape == want.shape
+    assert torch.isfinite(got).all()
+    scale = max(1.0, float(want.abs().max())) if want.numel() else 1.0
+    err = float((got.double() - want.double()).abs().max()) if want.numel() else 0.0
+    assert err <= tol * scale, (err, tol * scale)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def f64(*ts):
+    return [None if t is None else t.double() for t in ts]
+
+
+@pytest.mark.parametrize("dtype", [F64, F32])
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("logits", [1.0, 1e3])
 def test_attention_matches_reference(dtype, case, with_bias, logits):
-    q, k, v, ptr, col = make(case, dtype, scale_logits=logits)
+    q, k, v, ptr, col = make(case, dtype, logits=logits)
+    scale = 0.3
     bias = None
     if with_bias:
         bias = torch.randn(col.numel(), q.shape[1], dtype=dtype)
-        bias[::4, 0] = float("-inf")  # masked edges, and all -inf targets
-    out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias)
-    out_r, lse_r = ref.attention_fwd(q, k, v, ptr, col, 0.3, bias)
-    scores = ref.attention_scores(q, k, ptr, col, 0.3)
-    logit = float(scores.abs().max()) if scores.numel() else 0.0
-    assert close(out, out_r, dtype, logit)
-    assert torch.equal(torch.isinf(lse), torch.isinf(lse_r))
-    fin = torch.isfinite(lse_r)
-    assert close(lse[fin], lse_r[fin], dtype, logit)
-    g = torch.randn_like(out)
-    got = cpu.attention_bwd(q, k, v, out, lse, g, ptr, col, 0.3, bias)
-    want = ref.attention_bwd(q, k, v, out_r, lse_r, g, ptr, col, 0.3, bias)
+        bias[::4, 0] = float("-inf")  # masked edges
+        if ptr.numel() > 4:
+            bias[ptr[3] : ptr[4], 1] = float("-inf")  # a target whose scores are all -inf
+    out, lse = cpu.attention_fwd(q, k, v, ptr, col, scale, bias)
+    q64, k64, v64, b64 = f64(q, k, v, bias)
+    out_r, lse_r = ref.attention_fwd(q64, k64, v64, ptr, col, scale, b64)
+    s = ref.attention_scores(q64, k64, ptr, col, scale)
+    tol = TOL64 if dtype == F64 else TOL32 * (1.0 + (float(s.abs().max()) if s.numel() else 0))
+
+    assert out.dtype == dtype and lse.dtype == dtype
+    assert_close(out, out_r, tol)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(lse_r))
+    empty = torch.isneginf(lse_r)
+    assert (out[empty.unsqueeze(-1).expand_as(out)] == 0).all()
+    assert_close(lse[~empty], lse_r[~empty], tol)
+    if with_bias and ptr.numel() > 4 and ptr[4] > ptr[3]:
+        assert torch.isneginf(lse[3, 1])  # the all -inf target
+
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    got = cpu.attention_bwd(q, k, v, out, lse, g, ptr, col, scale, bias)
+    want = ref.attention_bwd(q64, k64, v64, out_r, lse_r, g.double(), ptr, col, scale, b64)
     for a, b in zip(got, want, strict=True):
         assert (a is None) == (b is None)
         if a is not None:
-            assert torch.isfinite(a).all()
-            assert close(a, b, dtype, logit)
+            assert a.dtype == dtype
+            assert_close(a, b, tol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", [F64, F32])
 @pytest.mark.parametrize("case", list(CASES))
-def test_segment_softmax_matches_reference(dtype, case):
+@pytest.mark.parametrize("logits", [1.0, 1e3])
+def test_segment_softmax_matches_reference(dtype, case, logits):
     _, _, _, ptr, col = make(case, dtype)
-    src = torch.randn(col.numel(), 4, dtype=dtype) * 1e3
-    src[::3, 1] = float("-inf")
+    g = torch.Generator().manual_seed(2)
+    src = torch.randn(col.numel(), 5, generator=g, dtype=dtype) * logits
+    src[::3, 1] = float("-inf")  # -inf entries
     if col.numel():
         src[ptr[0] : ptr[1], 2] = float("-inf")  # a whole segment at -inf
     y = cpu.segment_softmax_fwd(src, ptr)
-    assert close(y, ref.segment_softmax_fwd(src, ptr), dtype)
-    g = torch.randn_like(y)
-    assert close(cpu.segment_softmax_bwd(y, g, ptr), ref.segment_softmax_bwd(y, g, ptr), dtype)
+    want = ref.segment_softmax_fwd(src.double(), ptr)
+    # Shifted scores are exact in float32 only up to ~|logit| * 2^-24.
+    tol = TOL64 if dtype == F64 else TOL32 * (1.0 + logits)
+    assert y.dtype == dtype
+    assert_close(y, want, tol)
+    if col.numel():
+        assert (y[ptr[0] : ptr[1], 2] == 0).all()
+        assert (y[::3, 1] == 0).all()
+    gr = torch.randn(y.shape, generator=g, dtype=dtype)
+    dx = cpu.segment_softmax_bwd(y, gr, ptr)
+    assert dx.dtype == dtype
+    assert_close(dx, ref.segment_softmax_bwd(y.double(), gr.double(), ptr), tol)
+
+
+def test_segment_softmax_keeps_trailing_dims():
+    ptr = csr_of([2, 0, 3])
+    src = torch.randn(5, 2, 3, dtype=F64)
+    y = cpu.segment_softmax_fwd(src, ptr)
+    assert y.shape == src.shape
+    assert_close(y, ref.segment_softmax_fwd(src, ptr), TOL64)
 
 
 def test_half_inputs_come_back_in_their_dtype():
-    q, k, v, ptr, col = make("ragged", torch.float32)
-    out, lse = cpu.attention_fwd(q.bfloat16(), k.bfloat16(), v.bfloat16(), ptr, col, 0.5)
-    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    q, k, v, ptr, col = make("ragged", F32)
+    qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    bias = torch.randn(col.numel(), q.shape[1]).half()
+    out, lse = cpu.attention_fwd(qb, kb, vb, ptr, col, 0.5, bias)
+    assert out.dtype == torch.bfloat16 and lse.dtype == F32
+    out_r, _ = ref.attention_fwd(qb.float(), kb.float(), vb.float(), ptr, col, 0.5, bias.float())
+    assert_close(out.float(), out_r, 1e-2)  # bfloat16 rounding of the output
+    grads = cpu.attention_bwd(qb, kb, vb, out, lse, torch.ones_like(out), ptr, col, 0.5, bias)
+    assert [t.dtype for t in grads] == [torch.bfloat16] * 3 + [torch.float16]
     src = torch.randn(col.numel(), 2).half()
-    assert cpu.segment_softmax_fwd(src, ptr).dtype == torch.float16
+    y = cpu.segment_softmax_fwd(src, ptr)
+    assert y.dtype == torch.float16
+    assert cpu.segment_softmax_bwd(y, torch.ones_like(y), ptr).dtype == torch.float16
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    # Fixed summation orders: bitwise the same results on 1 and 2 threads.
+    q, k, v, ptr, col = make("hub", F32)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3)
+            results.append((out, lse, *cpu.attention_bwd(q, k, v, out, lse, out, ptr, col, 0.3)))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*results, strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+def test_chunks_split_by_edges_not_nodes():
+    # 1000 targets of degree 1, then one of degree 1000: an even split by
+    # nodes would put the hub and ~half of the rest in one chunk.
+    p = csr_of([1] * 1000 + [1000]).numpy()
+    bounds = cpu._chunks(p)
+    assert bounds[0] == 0 and bounds[-1] == 1001 and (np.diff(bounds) > 0).all()
+    edges = p[bounds[1:]] - p[bounds[:-1]]
+    assert edges.max() == 1000  # the hub alone: a segment is never split
+    assert edges.sum() == 2000 and len(bounds) > 2
 
 
 def test_reference_backward_is_autograd_of_reference_forward():
-    q, k, v, ptr, col = make("ragged", torch.float64, heads=2, c=3, cv=2)
-    bias = torch.randn(col.numel(), 2, dtype=torch.float64)
-    args = [t.clone().requires_grad_() for t in (q, k, v, bias)]
-    out, lse = ref.attention_fwd(*args[:3], ptr, col, 0.7, args[3])
-    g = torch.randn_like(out)
-    auto = torch.autograd.grad((out * g).sum(), args)
-    mine = ref.attention_bwd(q, k, v, out.detach(), lse.detach(), g, ptr, col, 0.7, bias)
-    for a, b in zip(auto, mine, strict=True):
-        assert torch.allclose(a, b, atol=1e-12)
+    # The contract the kernels are held to: ref.attention_bwd is the gradient
+    # of ref.attention_fwd, on a graph with an isolated target, a duplicate
+    # edge, a masked edge and a fully masked target.
+    ptr = csr_of([3, 0, 2, 2])
+    col = torch.tensor([0, 0, 4, 1, 2, 3, 4])
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(4, 2, 3, generator=g, dtype=F64, requires_grad=True)
+    k = torch.randn(5, 2, 3, generator=g, dtype=F64, requires_grad=True)
+    v = torch.randn(5, 2, 2, generator=g, dtype=F64, requires_grad=True)
+    mask = torch.zeros(7, 2, dtype=F64)
+    mask[2, 0] = float("-inf")
+    mask[5:7, 1] = float("-inf")  # target 3, head 1: all -inf
+    b = torch.randn(7, 2, generator=g, dtype=F64, requires_grad=True)
+
+    def f(q, k, v, b):
+        return ref.attention_fwd(q, k, v, ptr, col, 0.7, b + mask)[0]
+
+    assert torch.autograd.gradcheck(f, (q, k, v, b))
+    out, lse = ref.attention_fwd(q, k, v, ptr, col, 0.7, b + mask)
+    go = torch.randn(out.shape, generator=g, dtype=F64)
+    auto = torch.autograd.grad(out, (q, k, v, b), go)
+    mine = ref.attention_bwd(
+        q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), go, ptr, col, 0.7,
+        (b + mask).detach(),
+    )  # fmt: skip
+    for a, m in zip(auto, mine, strict=True):
+        assert torch.allclose(a, m, atol=1e-12)
+    assert (mine[3][5:7, 1] == 0).all()
+
+
+def test_reference_softmax_backward_is_autograd_of_its_forward():
+    ptr = csr_of([3, 0, 4])
+    src = torch.randn(7, 2, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda s: ref.segment_softmax_fwd(s, ptr), (src,))
+    y = ref.segment_softmax_fwd(src, ptr)
+    g = torch.randn_like(y)
+    (auto,) = torch.autograd.grad(y, src, g)
+    assert torch.allclose(auto, ref.segment_softmax_bwd(y.detach(), g, ptr), atol=1e-12)
 
 
 def test_transposed_csr_is_cached_per_graph():
-    _, _, _, ptr, col = make("ragged", torch.float64)
-    a = cpu._transposes.get(ptr, col, 13)
-    assert cpu._transposes.get(ptr, col, 13) is a
+    q, k, v, ptr, col = make("ragged", F64)
+    m = k.shape[0]
+    cache = cpu._csc_cache
+    a = cache.get(ptr, col, m)
+    assert cache.get(ptr, col, m) is a
+    assert cache.get(ptr, col.clone(), m) is not a  # another tensor, another graph
     col2 = col.clone()
-    assert cpu._transposes.get(ptr, col2, 13) is not a
+    b = cache.get(ptr, col2, m)
+    col2[0] = (col2[0] + 1) % m  # in-place change: a new version
+    assert cache.get(ptr, col2, m) is not b
+    n_before = len(cache.entries)
+    del col2
+    gc.collect()
+    assert len(cache.entries) == n_before - 1  # freed graphs leave the cache
+    assert len(cache.entries) <= cpu.CSC_CACHE_SIZE
+
+
+def test_transposed_csr_passed_by_the_caller():
+    q, k, v, ptr, col = make("bipartite", F64)
+    out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3)
+    g = torch.randn_like(out)
+    csc = cpu.transpose_csr(ptr, col, k.shape[0])
+    tptr, trow, tperm = csc
+    assert torch.equal(col[tperm], torch.sort(col, stable=True).values)
+    assert torch.equal(trow, ref.segment_ids(ptr)[tperm])
+    got = cpu.attention_bwd(q, k, v, out, lse, g, ptr, col, 0.3, csc=csc)
+    want = cpu.attention_bwd(q, k, v, out, lse, g, ptr, col, 0.3)
+    for a, b in zip(got[:3], want[:3], strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="'csc'"):
+        cpu.attention_bwd(q, k, v, out, lse, g, ptr, col, 0.3, csc=(tptr[:-1], trow, tperm))
+
+
+def test_bad_input_names_the_argument():
+    q, k, v, ptr, col = make("ragged", F64)
+    with pytest.raises(TypeError, match="'col'"):
+        cpu.attention_fwd(q, k, v, ptr, col.int(), 0.3)
+    with pytest.raises(ValueError, match="'col'"):
+        cpu.attention_fwd(q, k, v, ptr, col + k.shape[0], 0.3)
+    with pytest.raises(ValueError, match="'ptr'"):
+        cpu.attention_fwd(q, k, v, ptr[:-1], col, 0.3)
+    with pytest.raises(ValueError, match="'bias'"):
+        cpu.attention_fwd(q, k, v, ptr, col, 0.3, torch.zeros(col.numel(), 1, dtype=F64))
+    with pytest.raises(TypeError, match="'q', 'k', 'v'"):
+        cpu.attention_fwd(q, k.float(), v, ptr, col, 0.3)
+    with pytest.raises(ValueError, match="'ptr'"):
+        cpu.segment_softmax_fwd(torch.randn(5, 2), torch.tensor([0, 3, 2, 5]))
+    with pytest.raises(TypeError, match="'src'"):
+        cpu.segment_softmax_fwd(torch.ones(5, 2, dtype=torch.long), torch.tensor([0, 5]))

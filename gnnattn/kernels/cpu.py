@@ -1,43 +1,68 @@
 r"""CPU kernels, compiled with numba: segment softmax and fused sparse attention.
 
-The four functions have the signatures and results of
-:mod:`gnnattn.kernels.reference` (the tests compare them).
+The four public functions have the signatures and results of
+:mod:`gnnattn.kernels.reference` (``tests/test_kernels_cpu.py`` compares them),
+including its rules for ``-inf`` scores, empty and all ``-inf`` segments.
 
-Why numba. The operator needs a loop per target over its incoming edges with
-a running max and sum; torch ops cannot express that without gathering
-``q_i``, ``k_j`` and ``v_j`` for every edge (three ``|E| x C`` tensors, which
-is exactly what makes PyG's ``TransformerConv`` slow), and ``torch.compile``
-lowers scatter/gather to the same materialized tensors. A torch C++ extension
-would need a compiler on the user's machine and a minute-long build at first
-use. numba ships wheels on PyPI for every platform torch supports, compiles
-these loops with LLVM to native code, runs ``prange`` loops on a thread pool,
-and caches the machine code on disk (``cache=True``), so install stays one
-``pip install`` and only the very first call of each kernel pays compilation
-(a few seconds per kernel and dtype on this machine; later processes load it
-from the cache).
+Why numba. The operator is a loop per target over its incoming edges with a
+running max and sum. Torch ops cannot express that without gathering ``q_i``,
+``k_j`` and ``v_j`` for every edge (``|E| x C`` tensors, which is what makes
+PyG's ``TransformerConv`` slow), and ``torch.compile`` lowers the per-segment
+reductions to the same gathers and scatters, so the ``|E| x C`` tensors stay. A
+torch C++ extension would express the loops but needs a compiler on the
+user's machine and a long JIT build at first use (or a wheel per torch
+version). numba is well kept, ships pip-installable wheels for the platforms
+torch supports, compiles these loops with LLVM, runs ``prange`` loops on a
+thread pool, and caches the machine code on disk (``cache=True``), so install
+stays one ``pip install`` with no C++ toolchain.
 
-Work split. Targets are cut into about ``8 x threads`` chunks holding equal
-numbers of *edges* (``searchsorted`` on the CSR pointers), and the chunks are
-the ``prange`` iterations, so a few high-degree targets do not leave one core
-with most of the work. A single target is never split: one node holding most
-of the edges still runs on one core.
+First call. Importing this module compiles nothing (numba compiles lazily).
+The first call of each kernel per dtype compiles it and writes it to
+``__pycache__``; later processes load it from there. Measured on this
+project's 2-core x86_64 machine (numba 0.68): with an empty cache the first
+float32 ``attention_fwd`` took about 3 s and the first ``attention_bwd`` about
+5 s; with the cache filled each first call took about 0.1 s.
 
-Memory traffic per edge (forward attention): one row of ``k`` and one of ``v``
-(``H (C + Cv)`` numbers, read contiguously from ``[M, H, C]`` tensors) and the
-source id; per target one row of ``q`` read and one of ``out`` written. The
-backward first walks the CSR (per edge: ``k_j``, ``v_j``; it writes the weight
-and the score gradient, ``2 H`` numbers) and accumulates ``dq``, then walks the
-transposed CSR (per edge: ``q_i``, ``dout_i``) and accumulates ``dk`` and
-``dv`` per source, so no two threads write the same row and no atomics are
-needed. The transposed CSR is built once per graph and cached.
+Work split. The ``prange`` iterations are chunks of consecutive targets (for
+the ``dk``/``dv`` pass, of consecutive sources), about ``4 x threads`` of them,
+cut so that each holds about the same number of *edges* (``searchsorted`` of
+evenly spaced edge counts in the CSR pointers), so a few high-degree nodes do
+not leave one core with most of the work. A single segment is never split: a
+node holding most of the edges runs on one core (splitting it would need a
+second reduction pass across threads; the graphs this targets have many
+segments).
 
-Tested on the project's 2-core x86_64 CPU machines (float32 and float64).
+Arithmetic. Float64 inputs compute in float64, float32 inputs in float32
+(accumulators included); float16/bfloat16 are upcast to float32 and the
+results cast back (``lse`` stays float32, as in the Triton kernels). numba's
+``fastmath`` is off, so LLVM may not reorder sums; the dot products instead
+keep eight partial sums in a fixed order, which it can vectorize and which
+gives the same result on every run and thread count.
+
+Memory traffic per edge and head. Forward: one row of ``k`` and one of ``v``
+(``C + Cv`` numbers from contiguous ``[M, H, C]`` rows) and the source id;
+per target one row of ``q`` read and one of ``out`` written. Backward, first
+pass over the CSR: ``k_j`` and ``v_j`` read, the weight and the score
+gradient written (2 numbers, the ``[E, H]`` arrays ``alpha`` and ``dS``),
+``dq_i`` accumulated in cache. Second pass over the transposed CSR (edges
+grouped by source): ``alpha``, ``dS``, ``q_i`` and ``dout_i`` read, ``dk_j``
+and ``dv_j`` accumulated in cache, so no two threads write the same row and no
+atomics are needed. Segment softmax: per edge ``H`` numbers read and written;
+a segment's exponentials are normalized while still in cache.
+
+The transposed CSR. :func:`transpose_csr` builds it (a stable ``argsort`` of
+``col``). :func:`attention_bwd` takes it as ``csc=``; without it, it looks the
+graph up in a small cache keyed on the identity and version of the ``ptr`` and
+``col`` tensors (an entry is dropped when either tensor is freed, and at most
+:data:`CSC_CACHE_SIZE` are kept), so a layer that keeps one CSR per graph
+builds the transpose once.
 """
 
 from __future__ import annotations
 
 import math
 import weakref
+from collections import OrderedDict
 
 import numba
 import numpy as np
@@ -45,18 +70,57 @@ import torch
 from numba import prange
 from torch import Tensor
 
-from .reference import segment_ids
+__all__ = [
+    "CSC_CACHE_SIZE",
+    "attention_bwd",
+    "attention_fwd",
+    "segment_softmax_bwd",
+    "segment_softmax_fwd",
+    "transpose_csr",
+]
 
-__all__ = ["attention_bwd", "attention_fwd", "segment_softmax_bwd", "segment_softmax_fwd"]
+#: Graphs whose transposed CSR :func:`attention_bwd` keeps.
+CSC_CACHE_SIZE = 8
 
 _NEG_INF = -np.inf
-# Reassociation lets LLVM vectorize the dot products and sums (results change
-# at rounding level only); no "ninf"/"nnan" flags, since the kernels rely on
-# -inf comparisons and exp(-inf) = 0.
-_FAST = {"reassoc", "contract"}
+# fastmath stays off: the kernels compare with -inf and rely on exp(-inf) = 0,
+# and sums keep a fixed order (see the module docstring).
+_JIT = dict(parallel=True, cache=True, nogil=True, fastmath=False)
+_CHUNKS_PER_THREAD = 4
+
+
+# ------------------------------------------------------------------ helpers
+
+
+@numba.njit(cache=True, inline="always")
+def _dot(a, i, b, j, h, n):  # pragma: no cover - compiled
+    """``sum_c a[i, h, c] * b[j, h, c]`` in ``a``'s dtype.
+
+    Eight independent partial sums let LLVM vectorize the loop without
+    reassociating (fastmath is off); their order is fixed, so is the result.
+    """
+    z = a.dtype.type(0)
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
+    c = 0
+    while c + 8 <= n:
+        s0 += a[i, h, c] * b[j, h, c]
+        s1 += a[i, h, c + 1] * b[j, h, c + 1]
+        s2 += a[i, h, c + 2] * b[j, h, c + 2]
+        s3 += a[i, h, c + 3] * b[j, h, c + 3]
+        s4 += a[i, h, c + 4] * b[j, h, c + 4]
+        s5 += a[i, h, c + 5] * b[j, h, c + 5]
+        s6 += a[i, h, c + 6] * b[j, h, c + 6]
+        s7 += a[i, h, c + 7] * b[j, h, c + 7]
+        c += 8
+    t = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    while c < n:
+        t += a[i, h, c] * b[j, h, c]
+        c += 1
+    return t
 
 
 def _threads() -> int:
+    # torch.set_num_threads is what users set; numba has its own pool.
     limit = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
     n = max(1, min(torch.get_num_threads(), limit))
     numba.set_num_threads(n)
@@ -64,257 +128,371 @@ def _threads() -> int:
 
 
 def _chunks(ptr: np.ndarray) -> np.ndarray:
-    """Target boundaries of about ``8 x threads`` chunks with equal edge counts."""
+    """Segment boundaries ``[K + 1]`` of chunks holding about equal edge counts."""
     n = ptr.shape[0] - 1
-    e = int(ptr[-1]) if n >= 0 else 0
-    k = max(1, min(n, 8 * _threads()))
-    cuts = np.searchsorted(ptr, np.linspace(0, e, k + 1), side="left")
+    k = max(1, min(n, _CHUNKS_PER_THREAD * _threads()))
+    cuts = np.searchsorted(ptr, np.linspace(0, int(ptr[-1]), k + 1), side="left")
     cuts[0], cuts[-1] = 0, n
-    return np.unique(np.clip(cuts, 0, n)).astype(np.int64)
+    # A segment bigger than a chunk makes equal cuts; empty chunks cost nothing
+    # but a prange iteration, so drop them.
+    return np.unique(cuts).astype(np.int64)
 
 
-def _np(t: Tensor) -> np.ndarray:
-    return t.detach().contiguous().numpy()
-
-
-def _scalar(x: float, dtype: torch.dtype) -> np.floating:
-    # A float64 scale would promote every float32 product to float64 and stop
-    # LLVM from vectorizing the float32 loops.
-    return np.float64(x) if dtype == torch.float64 else np.float32(x)
-
-
-def _work_dtype(t: Tensor) -> torch.dtype:
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     # float64 stays float64; float32 and the half types compute in float32.
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-# ----------------------------------------------------------------- softmax
+def _floating(name: str, t: Tensor) -> None:
+    if not t.is_floating_point():
+        raise TypeError(f"Expected '{name}' of a floating dtype, got {t.dtype}")
+    if t.device.type != "cpu":
+        raise ValueError(f"Expected '{name}' on the CPU, got {t.device}")
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=_FAST)
+def _check_ptr(ptr: Tensor, num_edges: int, name: str = "ptr") -> np.ndarray:
+    """``ptr`` as int64 numpy, after the checks that keep the kernels in bounds."""
+    if ptr.dtype != torch.int64:
+        raise TypeError(f"Expected '{name}' int64, got {ptr.dtype}")
+    if ptr.dim() != 1 or ptr.numel() < 1:
+        raise ValueError(f"Expected '{name}' of shape [N + 1], got {list(ptr.shape)}")
+    if ptr.device.type != "cpu":
+        raise ValueError(f"Expected '{name}' on the CPU, got {ptr.device}")
+    p = ptr.contiguous().numpy()
+    # O(N) checks; the kernels do not bounds-check, so a bad ptr would read
+    # out of bounds instead of raising.
+    if p[0] != 0 or p[-1] != num_edges or (p.shape[0] > 1 and (np.diff(p) < 0).any()):
+        raise ValueError(
+            f"Expected '{name}' non-decreasing from 0 to the number of edges {num_edges}, "
+            f"got {p[0]} ... {p[-1]}"
+        )
+    return p
+
+
+def _check_col(col: Tensor, num_src: int, name: str = "col") -> np.ndarray:
+    if col.dtype != torch.int64:
+        raise TypeError(f"Expected '{name}' int64, got {col.dtype}")
+    if col.dim() != 1:
+        raise ValueError(f"Expected '{name}' of shape [E], got {list(col.shape)}")
+    if col.device.type != "cpu":
+        raise ValueError(f"Expected '{name}' on the CPU, got {col.device}")
+    c = col.contiguous().numpy()
+    if c.shape[0] and (c.min() < 0 or c.max() >= num_src):
+        raise ValueError(f"Expected '{name}' ids in [0, {num_src}), got [{c.min()}, {c.max()}]")
+    return c
+
+
+def _flat(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` ``[E, ...]`` as a contiguous ``[E, F]`` tensor of ``dtype``."""
+    # .detach(): .numpy() refuses tensors that require grad; no copy when
+    # the dtype and layout already fit.
+    t = t.detach().to(dtype)
+    return t.reshape(t.shape[0], math.prod(t.shape[1:])).contiguous()  # (E, F)
+
+
+# ------------------------------------------------------------------ softmax
+
+
+@numba.njit(**_JIT)
 def _softmax_fwd_kernel(src, ptr, bounds, out):  # pragma: no cover - compiled
-    h = src.shape[1]
-    for c in prange(bounds.shape[0] - 1):
-        m = np.empty(h, dtype=src.dtype)
-        tot = np.empty(h, dtype=src.dtype)
-        for i in range(bounds[c], bounds[c + 1]):
+    nh = src.shape[1]
+    zero = src.dtype.type(0)
+    one = src.dtype.type(1)
+    for ch in prange(bounds.shape[0] - 1):
+        # Per-chunk scratch: no allocation per segment.
+        m = np.empty(nh, dtype=src.dtype)
+        tot = np.empty(nh, dtype=src.dtype)
+        for i in range(bounds[ch], bounds[ch + 1]):
             s, e = ptr[i], ptr[i + 1]
             m[:] = _NEG_INF
             for p in range(s, e):
-                for j in range(h):
-                    if src[p, j] > m[j]:
-                        m[j] = src[p, j]
-            for j in range(h):
-                # An all -inf segment: shift by 0 so that every exp is 0.
-                if m[j] == _NEG_INF:
-                    m[j] = 0.0
-            tot[:] = 0.0
+                for h in range(nh):
+                    if src[p, h] > m[h]:
+                        m[h] = src[p, h]
+            for h in range(nh):
+                # An all -inf segment: shift by 0, so every exp is 0, not NaN.
+                if m[h] == _NEG_INF:
+                    m[h] = zero
+            tot[:] = zero
             for p in range(s, e):
-                for j in range(h):
-                    v = math.exp(src[p, j] - m[j])
-                    out[p, j] = v
-                    tot[j] += v
-            for j in range(h):
-                # tot == 0 only when every exp is 0: weights stay 0, not NaN.
-                tot[j] = 1.0 / tot[j] if tot[j] > 0 else 1.0
+                for h in range(nh):
+                    w = math.exp(src[p, h] - m[h])
+                    out[p, h] = w
+                    tot[h] += w
+            for h in range(nh):
+                # tot is 0 only when every exp is 0: the weights stay 0.
+                tot[h] = one / tot[h] if tot[h] > zero else one
+            # The segment was just written: this pass runs in cache.
             for p in range(s, e):
-                for j in range(h):
-                    out[p, j] *= tot[j]
+                for h in range(nh):
+                    out[p, h] *= tot[h]
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=_FAST)
+@numba.njit(**_JIT)
 def _softmax_bwd_kernel(y, g, ptr, bounds, out):  # pragma: no cover - compiled
-    h = y.shape[1]
-    for c in prange(bounds.shape[0] - 1):
-        dot = np.empty(h, dtype=y.dtype)
-        for i in range(bounds[c], bounds[c + 1]):
+    nh = y.shape[1]
+    zero = y.dtype.type(0)
+    for ch in prange(bounds.shape[0] - 1):
+        dot = np.empty(nh, dtype=y.dtype)
+        for i in range(bounds[ch], bounds[ch + 1]):
             s, e = ptr[i], ptr[i + 1]
-            dot[:] = 0.0
+            dot[:] = zero
             for p in range(s, e):
-                for j in range(h):
-                    dot[j] += g[p, j] * y[p, j]
+                for h in range(nh):
+                    dot[h] += g[p, h] * y[p, h]
             for p in range(s, e):
-                for j in range(h):
-                    out[p, j] = y[p, j] * (g[p, j] - dot[j])
-
-
-def _as_2d(t: Tensor) -> Tensor:
-    return t.reshape(t.shape[0], -1) if t.dim() != 2 else t
+                for h in range(nh):
+                    out[p, h] = y[p, h] * (g[p, h] - dot[h])
 
 
 def segment_softmax_fwd(src: Tensor, ptr: Tensor) -> Tensor:
-    """Stable softmax of ``src`` ``[E, H]`` within each CSR segment of ``ptr``."""
-    x = _as_2d(src).to(_work_dtype(src)).contiguous()
+    """Stable softmax of ``src`` within each CSR segment of ``ptr``.
+
+    Args:
+        src: ``[E, ...]`` scores, softmax-normalized along dim 0 per segment.
+        ptr: ``[N + 1]`` int64 CSR pointers; segment ``i`` is ``ptr[i]:ptr[i+1]``.
+
+    Returns:
+        The weights, shaped and typed like ``src``; 0 for ``-inf`` scores and
+        in all ``-inf`` segments.
+    """
+    _floating("src", src)
+    if src.dim() < 1:
+        raise ValueError(f"Expected 'src' of shape [E, ...], got {list(src.shape)}")
+    p = _check_ptr(ptr, src.shape[0])
+    x = _flat(src, _work_dtype(src.dtype))  # (E, F)
     out = torch.empty_like(x)
-    p = _np(ptr)
     if x.numel():
         _softmax_fwd_kernel(x.numpy(), p, _chunks(p), out.numpy())
     return out.view(src.shape).to(src.dtype)
 
 
 def segment_softmax_bwd(y: Tensor, grad: Tensor, ptr: Tensor) -> Tensor:
-    """Gradient of :func:`segment_softmax_fwd`: ``y * (g - sum_seg(g * y))``."""
-    dt = _work_dtype(y)
-    yy = _as_2d(y).to(dt).contiguous()
-    gg = _as_2d(grad).to(dt).contiguous()
+    """Gradient of :func:`segment_softmax_fwd`: ``y * (g - sum_seg(g * y))``.
+
+    Args:
+        y: ``[E, ...]`` the forward's output.
+        grad: ``[E, ...]`` the gradient of ``y``.
+        ptr: ``[N + 1]`` int64 CSR pointers, as in the forward.
+
+    Returns:
+        The gradient of ``src``, shaped and typed like ``y``.
+    """
+    _floating("y", y)
+    _floating("grad", grad)
+    if y.dim() < 1 or grad.shape != y.shape:
+        raise ValueError(
+            f"Expected 'y' of shape [E, ...] and 'grad' of its shape, got {list(y.shape)} "
+            f"and {list(grad.shape)}"
+        )
+    p = _check_ptr(ptr, y.shape[0])
+    dt = _work_dtype(y.dtype)
+    yy, gg = _flat(y, dt), _flat(grad, dt)  # (E, F) each
     out = torch.empty_like(yy)
-    p = _np(ptr)
     if yy.numel():
         _softmax_bwd_kernel(yy.numpy(), gg.numpy(), p, _chunks(p), out.numpy())
     return out.view(y.shape).to(y.dtype)
 
 
-# --------------------------------------------------------------- attention
+# ---------------------------------------------------------------- attention
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=_FAST)
+@numba.njit(**_JIT)
 def _attn_fwd_kernel(
     q, k, v, bias, has_bias, ptr, col, scale, bounds, out, lse
-):  # pragma: no cover
-    nh, c_qk, c_v = q.shape[1], q.shape[2], v.shape[2]
+):  # pragma: no cover - compiled
+    nh, cq, cv = q.shape[1], q.shape[2], v.shape[2]
+    zero = q.dtype.type(0)
+    one = q.dtype.type(1)
     for ch in prange(bounds.shape[0] - 1):
         m = np.empty(nh, dtype=q.dtype)
         tot = np.empty(nh, dtype=q.dtype)
-        acc = np.empty((nh, c_v), dtype=q.dtype)
+        acc = np.empty((nh, cv), dtype=q.dtype)
         for i in range(bounds[ch], bounds[ch + 1]):
             m[:] = _NEG_INF
-            tot[:] = 0.0
-            acc[:, :] = 0.0
+            tot[:] = zero
+            acc[:, :] = zero
             for p in range(ptr[i], ptr[i + 1]):
                 j = col[p]
                 for h in range(nh):
-                    s = q.dtype.type(0)  # accumulate in the input's dtype
-                    for c in range(c_qk):
-                        s += q[i, h, c] * k[j, h, c]
-                    s *= scale
+                    s = _dot(q, i, k, j, h, cq) * scale
                     if has_bias:
                         s += bias[p, h]
                     if s == _NEG_INF:
-                        continue  # weight 0; also keeps (-inf) - (-inf) out
+                        continue  # weight 0; keeps (-inf) - (-inf) out
                     if s > m[h]:
                         # Online softmax: a new maximum rescales what was
-                        # accumulated so far (exp(-inf) = 0 on the first edge).
+                        # accumulated (exp(-inf) = 0 on the first finite score).
                         corr = math.exp(m[h] - s)
                         tot[h] *= corr
-                        for c in range(c_v):
+                        for c in range(cv):
                             acc[h, c] *= corr
                         m[h] = s
                     w = math.exp(s - m[h])
                     tot[h] += w
-                    for c in range(c_v):
+                    for c in range(cv):
                         acc[h, c] += w * v[j, h, c]
             for h in range(nh):
-                if tot[h] > 0:
-                    inv = 1.0 / tot[h]
-                    for c in range(c_v):
+                if tot[h] > zero:
+                    inv = one / tot[h]
+                    for c in range(cv):
                         out[i, h, c] = acc[h, c] * inv
                     lse[i, h] = m[h] + math.log(tot[h])
-                else:
-                    for c in range(c_v):
-                        out[i, h, c] = 0.0
+                else:  # no edge, or only -inf scores
+                    for c in range(cv):
+                        out[i, h, c] = zero
                     lse[i, h] = _NEG_INF
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=_FAST)
+@numba.njit(**_JIT)
 def _attn_bwd_dst_kernel(
-    q, k, v, bias, has_bias, dout, delta, lse, ptr, col, scale, bounds, alpha, ds, dq
+    q, k, v, bias, has_bias, out, dout, lse, ptr, col, scale, bounds, alpha, ds, dq
 ):  # pragma: no cover - compiled
-    nh, c_qk, c_v = q.shape[1], q.shape[2], v.shape[2]
+    nh, cq, cv = q.shape[1], q.shape[2], v.shape[2]
+    zero = q.dtype.type(0)
     for ch in prange(bounds.shape[0] - 1):
+        delta = np.empty(nh, dtype=q.dtype)
         for i in range(bounds[ch], bounds[ch + 1]):
             for h in range(nh):
-                for c in range(c_qk):
-                    dq[i, h, c] = 0.0
+                # D_i = sum_c dout_ic out_ic = sum_j alpha_ij dalpha_ij.
+                delta[h] = _dot(dout, i, out, i, h, cv)
+                for c in range(cq):
+                    dq[i, h, c] = zero
             for p in range(ptr[i], ptr[i + 1]):
                 j = col[p]
                 for h in range(nh):
-                    if lse[i, h] == _NEG_INF:
-                        alpha[p, h] = 0.0
-                        ds[p, h] = 0.0
+                    if lse[i, h] == _NEG_INF:  # all weights 0, so all gradients
+                        alpha[p, h] = zero
+                        ds[p, h] = zero
                         continue
-                    s = q.dtype.type(0)  # accumulate in the input's dtype
-                    for c in range(c_qk):
-                        s += q[i, h, c] * k[j, h, c]
-                    s *= scale
+                    s = _dot(q, i, k, j, h, cq) * scale
                     if has_bias:
                         s += bias[p, h]
-                    a = math.exp(s - lse[i, h])
-                    da = q.dtype.type(0)
-                    for c in range(c_v):
-                        da += dout[i, h, c] * v[j, h, c]
-                    g = a * (da - delta[i, h])
+                    a = math.exp(s - lse[i, h])  # exp(-inf) = 0 for masked edges
+                    g = a * (_dot(dout, i, v, j, h, cv) - delta[h])
                     alpha[p, h] = a
                     ds[p, h] = g
                     g *= scale
-                    for c in range(c_qk):
+                    for c in range(cq):
                         dq[i, h, c] += g * k[j, h, c]
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=_FAST)
+@numba.njit(**_JIT)
 def _attn_bwd_src_kernel(
-    q, dout, alpha, ds, cptr, eperm, dst, scale, bounds, dk, dv
+    q, dout, alpha, ds, tptr, trow, tperm, scale, bounds, dk, dv
 ):  # pragma: no cover - compiled
-    nh, c_qk, c_v = q.shape[1], q.shape[2], dout.shape[2]
+    nh, cq, cv = q.shape[1], q.shape[2], dout.shape[2]
+    zero = q.dtype.type(0)
     for ch in prange(bounds.shape[0] - 1):
         for j in range(bounds[ch], bounds[ch + 1]):
             for h in range(nh):
-                for c in range(c_qk):
-                    dk[j, h, c] = 0.0
-                for c in range(c_v):
-                    dv[j, h, c] = 0.0
-            for t in range(cptr[j], cptr[j + 1]):
-                p = eperm[t]
-                i = dst[p]
+                for c in range(cq):
+                    dk[j, h, c] = zero
+                for c in range(cv):
+                    dv[j, h, c] = zero
+            for t in range(tptr[j], tptr[j + 1]):
+                p = tperm[t]
+                i = trow[t]
                 for h in range(nh):
                     a = alpha[p, h]
                     g = ds[p, h] * scale
-                    for c in range(c_v):
+                    for c in range(cv):
                         dv[j, h, c] += a * dout[i, h, c]
-                    for c in range(c_qk):
+                    for c in range(cq):
                         dk[j, h, c] += g * q[i, h, c]
 
 
-class _Transposes:
-    """Transposed CSR per graph, keyed on the identity of its ``col`` tensor.
+def transpose_csr(ptr: Tensor, col: Tensor, num_src: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The edges grouped by source: ``(tptr [M + 1], trow [E], tperm [E])``.
 
-    The layers keep one CSR per graph (see :class:`gnnattn.ops.Graph`), so the
-    same ``col`` tensor comes back on every call; a weak reference and the
-    tensor's version guard against a new tensor reusing a freed one's id.
+    ``tperm`` is a stable sort of ``col`` (edge positions in CSR order), so
+    within a source the edges keep their target order and the backward's sums
+    have a fixed order; ``trow`` holds their targets. Same layout as
+    :func:`gnnattn.kernels.triton_attention.transpose_csr`.
+
+    >>> tptr, trow, tperm = transpose_csr(torch.tensor([0, 2, 3]), torch.tensor([1, 0, 1]), 2)
+    >>> tptr.tolist(), trow.tolist(), tperm.tolist()
+    ([0, 1, 3], [0, 0, 1], [1, 0, 2])
+    """
+    e = col.numel()
+    p = _check_ptr(ptr, e)
+    c = _check_col(col, num_src)
+    tperm = np.argsort(c, kind="stable")
+    rows = np.repeat(np.arange(p.shape[0] - 1, dtype=np.int64), np.diff(p))  # (E,)
+    tptr = np.zeros(num_src + 1, dtype=np.int64)
+    np.cumsum(np.bincount(c, minlength=num_src), out=tptr[1:])
+    return torch.from_numpy(tptr), torch.from_numpy(rows[tperm]), torch.from_numpy(tperm)
+
+
+class _CscCache:
+    """:func:`transpose_csr` per graph, keyed on the ``ptr`` and ``col`` tensors.
+
+    Keyed on their identity, version counters (an in-place change is a new
+    graph) and the number of sources. Weak references drop an entry when
+    either tensor is freed, so a new tensor reusing a freed one's id never
+    finds a stale entry; at most ``size`` entries stay (least recently used
+    goes first).
     """
 
-    def __init__(self, size: int = 8) -> None:
+    def __init__(self, size: int) -> None:
         self.size = size
-        self.entries: dict[int, tuple] = {}
+        self.entries: OrderedDict[tuple[int, int, int], tuple] = OrderedDict()
 
-    def get(self, ptr: Tensor, col: Tensor, num_src: int) -> tuple[np.ndarray, ...]:
-        hit = self.entries.get(id(col))
+    def get(self, ptr: Tensor, col: Tensor, num_src: int) -> tuple[Tensor, Tensor, Tensor]:
+        key = (id(ptr), id(col), num_src)
+        hit = self.entries.get(key)
         if hit is not None:
-            ref, version, m, value = hit
-            if ref() is col and version == col._version and m == num_src:
+            refs, versions, value = hit
+            if refs[0]() is ptr and refs[1]() is col and versions == (ptr._version, col._version):
+                self.entries.move_to_end(key)
                 return value
-        dst = segment_ids(ptr, col.numel())
-        eperm = torch.argsort(col, stable=True)
-        counts = torch.bincount(col, minlength=num_src)
-        cptr = torch.zeros(num_src + 1, dtype=torch.long)
-        torch.cumsum(counts, 0, out=cptr[1:])
-        value = (_np(cptr), _np(eperm), _np(dst))
-        if len(self.entries) >= self.size:
-            self.entries.pop(next(iter(self.entries)))
-        self.entries[id(col)] = (weakref.ref(col), col._version, num_src, value)
+        value = transpose_csr(ptr, col, num_src)
+
+        def drop(_ref: object, key: tuple[int, int, int] = key) -> None:
+            self.entries.pop(key, None)
+
+        refs = (weakref.ref(ptr, drop), weakref.ref(col, drop))
+        self.entries[key] = (refs, (ptr._version, col._version), value)
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
         return value
 
 
-_transposes = _Transposes()
+_csc_cache = _CscCache(CSC_CACHE_SIZE)
 
 
-def _prep(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None):
-    dt = _work_dtype(q)
-    qq, kk, vv = (t.to(dt).contiguous() for t in (q, k, v))
-    if bias is None:
-        bb = torch.zeros(0, q.shape[1], dtype=dt)
-    else:
-        bb = bias.to(dt).contiguous()
-    return dt, qq, kk, vv, bb
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, num_edges: int) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _floating(name, t)
+        if t.dim() != 3:
+            raise ValueError(f"Expected '{name}' of rank 3 [*, H, C], got {list(t.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"Expected 'q', 'k', 'v' of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[1:] != k.shape[1:] or k.shape[:2] != v.shape[:2]:
+        raise ValueError(
+            f"Expected 'q' [N, H, C], 'k' [M, H, C] and 'v' [M, H, Cv], got "
+            f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}"
+        )
+    if bias is not None:
+        _floating("bias", bias)
+        if tuple(bias.shape) != (num_edges, q.shape[1]):
+            raise ValueError(
+                f"Expected 'bias' of shape [{num_edges}, {q.shape[1]}], got {list(bias.shape)}"
+            )
+
+
+def _contig(t: Tensor, dtype: torch.dtype) -> np.ndarray:
+    return t.detach().to(dtype).contiguous().numpy()
+
+
+def _np_dtype(dt: torch.dtype) -> type:
+    return np.float64 if dt == torch.float64 else np.float32
+
+
+def _scalar(x: float, dtype: torch.dtype) -> np.floating:
+    # A float64 scale would promote every float32 product to float64.
+    return np.float64(x) if dtype == torch.float64 else np.float32(x)
 
 
 def attention_fwd(
@@ -326,16 +504,42 @@ def attention_fwd(
     scale: float,
     bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Sparse attention over a destination-sorted CSR graph (see the reference)."""
-    dt, qq, kk, vv, bb = _prep(q, k, v, bias)
-    n, h = q.shape[0], q.shape[1]
-    out = torch.empty(n, h, v.shape[2], dtype=dt)
-    lse = torch.empty(n, h, dtype=dt)
-    p = _np(ptr)
-    if n:
+    """Sparse attention over a destination-sorted CSR graph.
+
+    One pass per target over its incoming edges with an online softmax; no
+    ``[E, C]`` array is made.
+
+    Args:
+        q: ``[N, H, C]`` queries of the targets.
+        k: ``[M, H, C]`` keys of the sources.
+        v: ``[M, H, Cv]`` values of the sources.
+        ptr: ``[N + 1]`` int64 CSR pointers (incoming edges per target).
+        col: ``[E]`` int64 source of each edge.
+        scale: multiplies ``q . k``.
+        bias: optional ``[E, H]`` additive score bias (edge features).
+
+    Returns:
+        ``out`` ``[N, H, Cv]`` typed like ``q`` and the log-sum-exp ``lse``
+        ``[N, H]`` in the compute dtype (float64 for float64, else float32);
+        ``lse = -inf`` and ``out = 0`` where a target has no finite score.
+
+    Raises:
+        ValueError: on shapes that do not fit, or ``ptr``/``col`` out of range.
+        TypeError: on non-floating inputs or non-int64 ``ptr``/``col``.
+    """
+    e = col.numel()
+    _check_qkv(q, k, v, bias, e)
+    p = _check_ptr(ptr, e)
+    c = _check_col(col, k.shape[0])
+    dt = _work_dtype(q.dtype)
+    n, nh, cv = q.shape[0], q.shape[1], v.shape[2]
+    out = torch.empty(n, nh, cv, dtype=dt)
+    lse = torch.empty(n, nh, dtype=dt)
+    if n * nh:
+        bb = _contig(bias, dt) if bias is not None else np.empty((0, nh), _np_dtype(dt))
         _attn_fwd_kernel(
-            qq.numpy(), kk.numpy(), vv.numpy(), bb.numpy(), bias is not None,
-            p, _np(col), _scalar(scale, dt), _chunks(p), out.numpy(), lse.numpy(),
+            _contig(q, dt), _contig(k, dt), _contig(v, dt), bb, bias is not None,
+            p, c, _scalar(scale, dt), _chunks(p), out.numpy(), lse.numpy(),
         )  # fmt: skip
     return out.to(q.dtype), lse
 
@@ -351,30 +555,80 @@ def attention_bwd(
     col: Tensor,
     scale: float,
     bias: Tensor | None = None,
+    *,
+    csc: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """Gradients of :func:`attention_fwd` w.r.t. ``q``, ``k``, ``v`` and ``bias``."""
-    dt, qq, kk, vv, bb = _prep(q, k, v, bias)
-    go = grad_out.to(dt).contiguous()
-    delta = (go * out.to(dt)).sum(-1).contiguous()  # (N, H): sum_j alpha_ij dalpha_ij
-    ll = lse.to(dt).contiguous()
-    n, h = q.shape[0], q.shape[1]
-    m, e = k.shape[0], col.numel()
-    alpha = torch.empty(e, h, dtype=dt)
-    ds = torch.empty(e, h, dtype=dt)
-    dq = torch.zeros_like(qq)
-    dk = torch.zeros_like(kk)
-    dv = torch.zeros_like(vv)
-    p = _np(ptr)
-    if n and e:
+    """Gradients of :func:`attention_fwd` w.r.t. ``q``, ``k``, ``v`` and ``bias``.
+
+    FlashAttention's recomputation: ``alpha`` comes back from ``lse`` and
+    ``D_i = sum_c dout_ic out_ic``. ``dq`` is summed per target over the CSR,
+    ``dk`` and ``dv`` per source over the transposed CSR.
+
+    Args:
+        q: ``[N, H, C]``, as in the forward.
+        k: ``[M, H, C]``.
+        v: ``[M, H, Cv]``.
+        out: ``[N, H, Cv]`` the forward output.
+        lse: ``[N, H]`` the forward log-sum-exp.
+        grad_out: ``[N, H, Cv]`` the gradient of ``out``.
+        ptr: ``[N + 1]`` int64 CSR pointers.
+        col: ``[E]`` int64 sources.
+        scale: as in the forward.
+        bias: the forward's ``[E, H]`` bias, or ``None``.
+        csc: :func:`transpose_csr` of the graph, if the caller keeps it;
+            otherwise it comes from a per-graph cache (module docstring).
+
+    Returns:
+        ``dq``, ``dk``, ``dv`` (typed like ``q``, ``k``, ``v``) and ``dbias``
+        ``[E, H]`` (the score gradient ``dS``, typed like ``bias``; ``None``
+        without a bias).
+
+    Raises:
+        ValueError: on shapes that do not fit, or ``ptr``/``col`` out of range.
+        TypeError: on non-floating inputs or non-int64 ``ptr``/``col``.
+    """
+    e = col.numel()
+    _check_qkv(q, k, v, bias, e)
+    n, nh, cq = q.shape
+    m, cv = k.shape[0], v.shape[2]
+    for name, t, shape in (
+        ("out", out, (n, nh, cv)), ("grad_out", grad_out, (n, nh, cv)), ("lse", lse, (n, nh))
+    ):  # fmt: skip
+        _floating(name, t)
+        if tuple(t.shape) != shape:
+            raise ValueError(f"Expected '{name}' of shape {list(shape)}, got {list(t.shape)}")
+    p = _check_ptr(ptr, e)
+    c = _check_col(col, m)
+    dt = _work_dtype(q.dtype)
+    run = bool(n * nh and e)
+    # The kernels write every element (zeros included); with no edge there
+    # is nothing to run and every gradient is 0.
+    alloc = torch.empty if run else torch.zeros
+    dq = alloc(n, nh, cq, dtype=dt)
+    dk = alloc(m, nh, cq, dtype=dt)
+    dv = alloc(m, nh, cv, dtype=dt)
+    ds = alloc(e, nh, dtype=dt)  # dS, which is also the bias gradient
+    if run:
+        qq, go = _contig(q, dt), _contig(grad_out, dt)
+        alpha = np.empty((e, nh), _np_dtype(dt))
+        bb = _contig(bias, dt) if bias is not None else np.empty((0, nh), _np_dtype(dt))
+        sc = _scalar(scale, dt)
         _attn_bwd_dst_kernel(
-            qq.numpy(), kk.numpy(), vv.numpy(), bb.numpy(), bias is not None,
-            go.numpy(), delta.numpy(), ll.numpy(), p, _np(col), _scalar(scale, dt),
-            _chunks(p), alpha.numpy(), ds.numpy(), dq.numpy(),
+            qq, _contig(k, dt), _contig(v, dt), bb, bias is not None,
+            _contig(out, dt), go, _contig(lse, dt), p, c, sc, _chunks(p),
+            alpha, ds.numpy(), dq.numpy(),
         )  # fmt: skip
-        cptr, eperm, dst = _transposes.get(ptr, col, m)
+        if csc is None:
+            csc = _csc_cache.get(ptr, col, m)
+        tptr, trow, tperm = (_contig(t, torch.int64) for t in csc)
+        if tptr.shape[0] != m + 1 or trow.shape[0] != e or tperm.shape[0] != e:
+            raise ValueError(
+                f"Expected 'csc' = transpose_csr(ptr, col, {m}), got shapes "
+                f"{[list(t.shape) for t in csc]}"
+            )
         _attn_bwd_src_kernel(
-            qq.numpy(), go.numpy(), alpha.numpy(), ds.numpy(), cptr, eperm, dst,
-            _scalar(scale, dt), _chunks(cptr), dk.numpy(), dv.numpy(),
+            qq, go, alpha, ds.numpy(), tptr, trow, tperm, sc, _chunks(tptr),
+            dk.numpy(), dv.numpy(),
         )  # fmt: skip
     dbias = ds.to(bias.dtype) if bias is not None else None
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias
