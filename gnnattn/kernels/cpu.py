@@ -16,12 +16,16 @@ torch supports, compiles these loops with LLVM, runs ``prange`` loops on a
 thread pool, and caches the machine code on disk (``cache=True``), so install
 stays one ``pip install`` with no C++ toolchain.
 
-First call. Importing this module compiles nothing (numba compiles lazily).
-The first call of each kernel per dtype compiles it and writes it to
-``__pycache__``; later processes load it from there. Measured on this
-project's 2-core x86_64 machine (numba 0.68): with an empty cache the first
-float32 ``attention_fwd`` took about 3 s and the first ``attention_bwd`` about
-5 s; with the cache filled each first call took about 0.1 s.
+First call. Importing this module compiles nothing (numba compiles lazily;
+the import itself takes about 15 ms once torch and numba are loaded). The
+first call of each kernel per dtype compiles it and writes the machine code
+to ``__pycache__``; later processes load it from there. Measured on this
+project's 2-core x86_64 machine (numba 0.68, tiny inputs): with an empty
+cache the first float32 call took about 1-2 s for each segment softmax
+function, 3.4 s for ``attention_fwd`` and 5.4 s for ``attention_bwd`` (float64
+about the same again); with the cache filled the first call of the process
+took about 0.3 s (loading the cache and starting numba's thread pool) and
+each further kernel's first call a few ms.
 
 Work split. The ``prange`` iterations are chunks of consecutive targets (for
 the ``dk``/``dv`` pass, of consecutive sources), about ``4 x threads`` of them,
