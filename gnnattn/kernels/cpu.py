@@ -67,6 +67,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections import OrderedDict
+from typing import Any
 
 import numba
 import numpy as np
@@ -89,7 +90,7 @@ CSC_CACHE_SIZE = 8
 _NEG_INF = -np.inf
 # fastmath stays off: the kernels compare with -inf and rely on exp(-inf) = 0,
 # and sums keep a fixed order (see the module docstring).
-_JIT = dict(parallel=True, cache=True, nogil=True, fastmath=False)
+_JIT: dict[str, Any] = dict(parallel=True, cache=True, nogil=True, fastmath=False)
 _CHUNKS_PER_THREAD = 4
 
 
