@@ -615,7 +615,7 @@ def attention_bwd(
     ds = alloc(e, nh, dtype=dt)  # dS, which is also the bias gradient
     if run:
         qq, go = _contig(q, dt), _contig(grad_out, dt)
-        alpha = np.empty((e, nh), _np_dtype(dt))
+        alpha: np.ndarray = np.empty((e, nh), _np_dtype(dt))
         bb = _contig(bias, dt) if bias is not None else np.empty((0, nh), _np_dtype(dt))
         sc = _scalar(scale, dt)
         _attn_bwd_dst_kernel(
