@@ -3,7 +3,7 @@
 A two-layer :class:`gnnattn.nn.GraphTransformer` and its twin
 ``torch.nn.TransformerEncoder`` (converted with ``to_torch``, same weights)
 run on the same batch of B causal sequences of T tokens. For every gnnattn
-backend ("mp": message passing, "dense": SDPA on the detected structure,
+backend ("mp": message passing, "sdpa": SDPA on the detected structure,
 "fused": the sparse CSR kernel) it checks the outputs and input gradients
 against torch and times forward + backward (median of a few runs; the ratios
 are what matters on a noisy machine).
@@ -31,7 +31,7 @@ from tqdm import tqdm
 from gnnattn import causal_graph
 from gnnattn.nn import GraphTransformer
 
-BACKENDS = ("mp", "dense", "fused")
+BACKENDS = ("mp", "sdpa", "fused")
 
 
 def median_seconds(fn: Callable[[], Tensor], reps: int) -> float:

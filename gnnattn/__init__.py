@@ -9,7 +9,10 @@ target i; softmax runs over each target's incoming edges).
 from .dense import dense_attention_weights, dense_self_attention, dense_simplified_attention
 from .graphs import (
     CSR,
+    AttentionGraph,
+    Structure,
     causal_graph,
+    complete_bipartite_graph,
     complete_graph,
     edge_index_to_mask,
     mask_to_edge_index,
@@ -24,7 +27,6 @@ from .nn import (
     SelfAttentionConv,
     SimplifiedAttention,
     SinusoidalPositionalEncoding,
-    complete_bipartite_graph,
     sequence_positions,
 )
 from .softmax import naive_scatter_softmax, scatter_softmax
@@ -32,7 +34,9 @@ from .softmax import naive_scatter_softmax, scatter_softmax
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionGraph",
     "CSR",
+    "Structure",
     "GraphPositionalEncoding",
     "GraphTransformer",
     "GraphTransformerLayer",

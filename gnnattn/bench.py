@@ -75,7 +75,7 @@ from torch import Tensor
 
 __all__ = ["SUITES", "BenchConfig", "machine_info", "main", "run"]
 
-SUITES = ("complete", "causal", "edge_index", "sparse", "softmax")
+SUITES = ("complete", "causal", "edge_index", "sparse", "softmax", "models")
 MODES = ("fwd", "fwdbwd")
 _MODE_LABEL = {"fwd": "forward", "fwdbwd": "forward+backward"}
 
@@ -122,6 +122,8 @@ _SIZES: dict[str, dict[str, Any]] = {
         "heads": 8,
         "sparse": (20000, 32, 128, 4),
         "softmax": (10_000_000, 4, 32),
+        # GraphTransformer vs nn.TransformerEncoder: (sequences, tokens, embed, heads, layers)
+        "model": (16, 128, 64, 4, 2),
     },
     "quick": {
         "complete": [64, 128],
@@ -130,6 +132,7 @@ _SIZES: dict[str, dict[str, Any]] = {
         "heads": 4,
         "sparse": (1000, 8, 32, 4),
         "softmax": (100_000, 4, 32),
+        "model": (4, 32, 32, 4, 2),
     },
 }
 
@@ -166,6 +169,7 @@ class Case:
     params: list[Tensor] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     tag: str | None = None
+    modes: tuple[str, ...] = MODES
 
 
 def _has_compiled_kernels(device: torch.device) -> bool:
@@ -185,16 +189,13 @@ def _attention_layer(d: int, h: int, device: torch.device, causal: bool = False)
     return layer
 
 
-def _with_backend(layer, backend: str, edge_index: Tensor | None = None, uncached: bool = False):
-    from . import ops
+def _with_backend(layer, backend: str, graph: Any = None):
+    """``layer(x, graph)`` on ``backend``; ``graph`` is an ``AttentionGraph`` (built
+    once, by the case) or a plain ``edge_index`` (analysed on every call)."""
 
     def fn(x: Tensor) -> Tensor:
-        if uncached and hasattr(ops, "_cache"):
-            # Time the first call on a new edge_index: the graph analysis
-            # (CSR and structure detection) is cached per tensor otherwise.
-            ops._cache.entries.clear()
         layer.backend = backend
-        return layer(x, edge_index)
+        return layer(x, graph)
 
     return fn
 
@@ -316,7 +317,7 @@ def _dense_cases(cfg: BenchConfig, sizes: dict[str, Any], device: torch.device) 
                 ),
             ),
             Candidate("gnnattn auto: layer(x)", _with_backend(layer, "auto")),
-            Candidate("gnnattn dense: layer(x)", _with_backend(layer, "dense")),
+            Candidate("gnnattn sdpa: layer(x)", _with_backend(layer, "sdpa")),
             Candidate(
                 "gnnattn fused: layer(x)",
                 _with_backend(layer, "fused"),
@@ -357,32 +358,39 @@ def _edge_index_case(cfg: BenchConfig, sizes: dict[str, Any], device: torch.devi
     """The complete graph given as a plain ``edge_index``: structure has to be detected."""
     from .graphs import complete_graph
 
+    from .graphs import AttentionGraph
+
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     t, d, h = sizes["seq"], sizes["dim"], sizes["heads"]
     torch.manual_seed(cfg.seed)
     layer = _attention_layer(d, h, device)
     x, g = _input(t, d, device, gen)
     ei = complete_graph(t, device=device)
+    graph = AttentionGraph(ei)
     mha, mha_fn = _mha(layer, False, t, device)
     compiled = _has_compiled_kernels(device)
     big = _edge_skip(t * t, d, cfg)
     cands = [
         Candidate("nn.MultiheadAttention", mha_fn),
-        Candidate("gnnattn auto: layer(x, ei)", _with_backend(layer, "auto", ei)),
         Candidate(
-            "gnnattn auto: layer(x, ei), uncached",
-            _with_backend(layer, "auto", ei, uncached=True),
-            note="graph analysis on every call",
+            "gnnattn auto: layer(x, ei)",
+            _with_backend(layer, "auto", ei),
+            note="plain edge_index: validated and analysed on every call",
+        ),
+        Candidate(
+            "gnnattn auto: layer(x, graph)",
+            _with_backend(layer, "auto", graph),
+            note="AttentionGraph(ei) built once, outside the timing",
         ),
         Candidate("gnnattn auto: layer(x)", _with_backend(layer, "auto")),
-        Candidate("gnnattn dense: layer(x, ei)", _with_backend(layer, "dense", ei)),
+        Candidate("gnnattn sdpa: layer(x, graph)", _with_backend(layer, "sdpa", graph)),
         Candidate(
-            "gnnattn fused: layer(x, ei)",
-            _with_backend(layer, "fused", ei),
+            "gnnattn fused: layer(x, graph)",
+            _with_backend(layer, "fused", graph),
             skip=None if compiled else big,
             note="" if compiled else "reference kernel (no compiled CPU kernel)",
         ),
-        Candidate("gnnattn mp: layer(x, ei)", _with_backend(layer, "mp", ei), skip=big),
+        Candidate("gnnattn mp: layer(x, graph)", _with_backend(layer, "mp", graph), skip=big),
     ]
     return Case(
         "edge_index",
@@ -397,8 +405,27 @@ def _edge_index_case(cfg: BenchConfig, sizes: dict[str, Any], device: torch.devi
     )
 
 
+def _fused_alone(layer, graph):
+    """The fused operator between the layer's projections, with no layer plumbing."""
+    from .ops import fused_attention
+
+    h, c, d = layer.num_heads, layer.head_dim, layer.embed_dim
+
+    def fn(x: Tensor) -> Tensor:
+        n = x.shape[0]
+        q = layer.lin_query(x).view(n, h, c)  # (N, H, C)
+        k = layer.lin_key(x).view(n, h, c)  # (N, H, C)
+        v = layer.lin_value(x).view(n, h, c)  # (N, H, C)
+        out, _ = fused_attention(q, k, v, graph, layer.scale)
+        return layer.lin_out(out.reshape(n, d))  # (N, D)
+
+    return fn
+
+
 def _sparse_case(cfg: BenchConfig, sizes: dict[str, Any], device: torch.device) -> Case:
     """A random graph: every node gets ``deg`` in-edges from random sources."""
+    from .graphs import AttentionGraph
+
     gen = torch.Generator().manual_seed(cfg.seed + 2)
     n, deg, d, h = sizes["sparse"]
     torch.manual_seed(cfg.seed)
@@ -409,19 +436,31 @@ def _sparse_case(cfg: BenchConfig, sizes: dict[str, Any], device: torch.device) 
     src = torch.randint(0, n, (n * deg,), generator=gen)
     dst = torch.arange(n).repeat_interleave(deg)
     ei = torch.stack([src, dst]).to(device)
+    graph = AttentionGraph(ei, n)
     conv, conv_fn = _transformer_conv(layer, ei, device)
     compiled = _has_compiled_kernels(device)
     ref_note = "" if compiled else "reference kernel (no compiled CPU kernel)"
     cands = [
         Candidate("PyG TransformerConv (+out proj)", conv_fn),
-        Candidate("gnnattn auto: layer(x, ei)", _with_backend(layer, "auto", ei)),
         Candidate(
-            "gnnattn auto: layer(x, ei), uncached",
-            _with_backend(layer, "auto", ei, uncached=True),
-            note="graph analysis on every call",
+            "gnnattn auto: layer(x, graph)",
+            _with_backend(layer, "auto", graph),
+            note="AttentionGraph built once, outside the timing",
         ),
-        Candidate("gnnattn fused: layer(x, ei)", _with_backend(layer, "fused", ei), note=ref_note),
-        Candidate("gnnattn mp: layer(x, ei)", _with_backend(layer, "mp", ei)),
+        Candidate(
+            "gnnattn auto: layer(x, ei)",
+            _with_backend(layer, "auto", ei),
+            note="plain edge_index: validated, sorted and analysed on every call",
+        ),
+        Candidate(
+            "gnnattn fused operator alone (+proj)",
+            _fused_alone(layer, graph),
+            note="projections + ops.fused_attention: the layer without its plumbing",
+        ),
+        Candidate(
+            "gnnattn fused: layer(x, graph)", _with_backend(layer, "fused", graph), note=ref_note
+        ),
+        Candidate("gnnattn mp: layer(x, graph)", _with_backend(layer, "mp", graph)),
     ]
     return Case(
         "sparse",
@@ -468,6 +507,92 @@ def _softmax_case(cfg: BenchConfig, sizes: dict[str, Any], device: torch.device)
     )
 
 
+def _model_cases(cfg: BenchConfig, sizes: dict[str, Any], device: torch.device) -> list[Case]:
+    """Models built on the graph object: the transformer stack, and causal pruning."""
+    from .graphs import AttentionGraph, causal_graph, complete_graph
+    from .nn import GraphTransformer
+
+    gen = torch.Generator().manual_seed(cfg.seed + 4)
+    b, t, d, h, num_layers = sizes["model"]
+    torch.manual_seed(cfg.seed)
+    enc_layer = torch.nn.TransformerEncoderLayer(
+        d, h, 4 * d, 0.0, batch_first=True, norm_first=True
+    )
+    encoder = torch.nn.TransformerEncoder(
+        enc_layer, num_layers, norm=torch.nn.LayerNorm(d), enable_nested_tensor=False
+    )
+    encoder = encoder.to(device).eval()
+    model = GraphTransformer.from_torch(encoder).to(device).eval()
+    batch = torch.arange(b, device=device).repeat_interleave(t)  # (B*T,)
+    graph = AttentionGraph.from_batch(batch)
+    x, g = _input(b * t, d, device, gen)
+
+    def torch_fn(x: Tensor) -> Tensor:
+        return encoder(x.view(b, t, d)).reshape(b * t, d)  # (B*T, D)
+
+    model_case = Case(
+        "models",
+        f"GraphTransformer vs nn.TransformerEncoder, {b} x {t} tokens, embed {d}, "
+        f"{h} heads, {num_layers} layers (eval)",
+        x,
+        g,
+        "nn.TransformerEncoder",
+        [
+            Candidate("nn.TransformerEncoder", torch_fn),
+            Candidate(
+                "GraphTransformer(x, batch=batch)",
+                lambda x: model(x, batch=batch),
+                note="graph object built from batch on every call",
+            ),
+            Candidate(
+                "GraphTransformer(x, graph)",
+                lambda x: model(x, graph),
+                note="AttentionGraph.from_batch built once",
+            ),
+        ],
+        list(encoder.parameters()) + list(model.parameters()),
+        {"sequences": b, "tokens": t, "embed_dim": d, "heads": h, "layers": num_layers},
+        "model",
+        modes=("fwd",),
+    )
+    # Causal pruning: a causal layer on a complete edge_index vs on the causal one.
+    t2, d2, h2 = sizes["seq"], sizes["dim"], sizes["heads"]
+    torch.manual_seed(cfg.seed)
+    layer = _attention_layer(d2, h2, device, causal=True)
+    x2, g2 = _input(t2, d2, device, gen)
+    complete_ei = complete_graph(t2, device=device)
+    causal_ei = causal_graph(t2, device=device)
+    complete_obj = AttentionGraph(complete_ei)
+    causal_case = Case(
+        "models",
+        f"SelfAttentionConv(causal=True), T={t2}, embed {d2}, {h2} heads",
+        x2,
+        g2,
+        "layer(x, causal_graph(T))",
+        [
+            Candidate("layer(x, causal_graph(T))", lambda x: layer(x, causal_ei)),
+            Candidate(
+                "layer(x, complete edge_index)",
+                lambda x: layer(x, complete_ei),
+                note="pruned to j <= i and analysed on every call",
+            ),
+            Candidate(
+                "layer(x, AttentionGraph(complete edge_index))",
+                lambda x: layer(x, complete_obj),
+                note="object built once: its causal view is pruned once, then kept",
+            ),
+            Candidate(
+                "layer(x, AttentionGraph.causal(T))", lambda x: layer(x, AttentionGraph.causal(t2))
+            ),
+        ],
+        list(layer.parameters()),
+        {"T": t2, "embed_dim": d2, "heads": h2},
+        "causal_prune",
+        modes=("fwd",),
+    )
+    return [model_case, causal_case]
+
+
 def build_cases(cfg: BenchConfig) -> list[Case]:
     """Every case of the selected suites, inputs and weights built from ``cfg.seed``."""
     device = torch.device(cfg.device)
@@ -482,6 +607,8 @@ def build_cases(cfg: BenchConfig) -> list[Case]:
         cases.append(_sparse_case(cfg, sizes, device))
     if "softmax" in cfg.suites:
         cases.append(_softmax_case(cfg, sizes, device))
+    if "models" in cfg.suites:
+        cases += _model_cases(cfg, sizes, device)
     order = {s: i for i, s in enumerate(SUITES)}
     return sorted(cases, key=lambda c: order[c.suite])
 
@@ -912,7 +1039,7 @@ def run(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> dict[str,
         for case in cases:
             # Free the previous case's cyclic garbage (autograd graphs hold big tensors).
             gc.collect()
-            for mode in MODES:
+            for mode in case.modes:
                 if log is not None:
                     log(f"running [{case.suite}] {case.name} -- {_MODE_LABEL[mode]}")
                 rows += _run_mode(case, mode, cfg)

@@ -1,8 +1,9 @@
 r"""Graph attention vs dense attention on the same weights: the parity harness.
 
 :func:`compare` runs one :class:`~gnnattn.SelfAttentionConv` through its graph
-backends (``"mp"``, ``"dense"``, ``"fused"``) and the same weights through
+backends (``"mp"``, ``"sdpa"``, ``"fused"``) and the same weights through
 :class:`torch.nn.MultiheadAttention`, :func:`torch.nn.functional.scaled_dot_product_attention`
+(``"F.sdpa"``, called directly)
 and (where it runs) FlexAttention, in float32 / float16 / bfloat16, with and
 without causal masking. Each is measured against one float64 reference computed
 here from the layer's projection weights with the textbook formula
@@ -30,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .graphs import causal_graph, complete_graph
+from .graphs import AttentionGraph
 from .nn import SelfAttentionConv
 
 __all__ = ["ParityResult", "ParityRow", "TOLERANCES", "compare"]
@@ -40,7 +41,7 @@ __all__ = ["ParityResult", "ParityRow", "TOLERANCES", "compare"]
 TOLERANCES: dict[str, float] = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 6e-2}
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-CANDIDATES = ("mp", "dense", "fused", "nn.MultiheadAttention", "sdpa", "flex_attention")
+CANDIDATES = ("mp", "sdpa", "fused", "nn.MultiheadAttention", "F.sdpa", "flex_attention")
 
 
 @dataclass
@@ -159,11 +160,11 @@ def _dense_weights(edge_index: Tensor, alpha: Tensor, n: int) -> Tensor:
 def _graph_candidate(backend: str) -> Callable:
     def run(layer: SelfAttentionConv, x: Tensor, causal: bool) -> tuple[Tensor, Tensor | None]:
         n = x.shape[0]
-        ei = (causal_graph if causal else complete_graph)(n, device=x.device)
+        graph = (AttentionGraph.causal if causal else AttentionGraph.complete)(n, device=x.device)
         saved = layer.backend
         layer.backend = backend
         try:
-            out, (ei, alpha) = layer(x, ei, return_attention_weights=True)
+            out, (ei, alpha) = layer(x, graph, return_attention_weights=True)
         finally:
             layer.backend = saved
         return out, _dense_weights(ei, alpha.detach(), n)
@@ -207,10 +208,10 @@ def _flex(layer: SelfAttentionConv, x: Tensor, causal: bool) -> tuple[Tensor, Te
 
 _RUNNERS: dict[str, Callable] = {
     "mp": _graph_candidate("mp"),
-    "dense": _graph_candidate("dense"),
+    "sdpa": _graph_candidate("sdpa"),
     "fused": _graph_candidate("fused"),
     "nn.MultiheadAttention": _mha,
-    "sdpa": _sdpa,
+    "F.sdpa": _sdpa,
     "flex_attention": _flex,
 }
 
@@ -270,7 +271,7 @@ def compare(
 
     Example:
         >>> res = compare(tokens=4, embed_dim=8, num_heads=2, dtypes=["float32"],
-        ...               candidates=["mp", "sdpa"])
+        ...               candidates=["mp", "F.sdpa"])
         >>> res.ok, res.row("mp", "float32", causal=True).out_rel < 1e-4
         (True, True)
     """

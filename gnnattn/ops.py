@@ -7,287 +7,55 @@ One operator, several implementations, all computing
         \left(\langle q_i^h, k_j^h\rangle \cdot \text{scale}\right),
     \qquad o_i^h = \sum_{j \in \mathcal{N}(i)} \alpha_{ij}^h v_j^h
 
-over the incoming edges :math:`j \to i` of each target :math:`i`:
+over the incoming edges :math:`j \to i` of each target :math:`i` of an
+:class:`~gnnattn.AttentionGraph`:
 
 * ``"mp"``: PyG message passing with :func:`gnnattn.scatter_softmax`, the
   reference; it lives in the layers (``propagate``), not here.
-* ``"dense"``: for graphs whose structure is known (complete, causal, batched
-  complete/causal, sliding window), :func:`torch.nn.functional.scaled_dot_product_attention`
-  on ``[B, H, T, C]`` tensors (the layout for which the CPU picks its fused
-  kernel), with ``is_causal`` or a boolean mask.
-* ``"fused"``: a sparse kernel over the destination-sorted CSR graph that never
+* ``"sdpa"``: for graphs of known structure (complete, causal, their batched
+  versions, sliding windows),
+  :func:`torch.nn.functional.scaled_dot_product_attention` on ``[B, H, T, C]``
+  tensors (the layout for which the CPU picks its fused kernel), with
+  ``is_causal`` or a boolean mask.
+* ``"fused"``: a sparse kernel over the graph's destination CSR that never
   materializes ``|E| x C`` messages (numba on the CPU, Triton on CUDA; see
-  :mod:`gnnattn.kernels`).
+  :mod:`gnnattn.kernels`); its backward walks the graph's transposed CSR.
 
-:func:`analyze` finds the structure of a graph, either from how the layer built
-it or, for an explicit ``edge_index``, from its CSR (degrees and column
-ranges), so an explicitly given complete graph still runs densely.
+Everything about the graph (its structure, its CSR and transposed CSR) comes
+from the graph object, built once by its owner; nothing here caches.
 """
 
 from __future__ import annotations
-
-import weakref
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from . import kernels
-from .graphs import (
-    CSR,
-    causal_graph,
-    complete_graph,
-    to_csr,
-)
+from .checks import check_choice
+from .graphs import AttentionGraph, segment_ids
 
 __all__ = [
     "BACKENDS",
-    "Graph",
-    "analyze",
-    "dense_attention",
+    "check_backend",
     "fused_attention",
-    "make_graph",
     "resolve_backend",
-    "structured_graph",
+    "sdpa_attention",
 ]
 
-BACKENDS = ("auto", "mp", "dense", "fused")
+BACKENDS = ("auto", "mp", "sdpa", "fused")
 
 
-class Graph:
-    """An edge set together with what is known about its structure.
-
-    For graphs the layers build themselves (complete / causal, optionally
-    batched), ``edge_index`` is only materialized when a backend needs it: the
-    dense backend never does, so ``layer(x)`` costs no ``|E|``-sized work.
-
-    Args:
-        edge_index: ``[2, |E|]`` as the user gave it, or ``None`` with ``build``.
-        num_nodes: number of targets ``N``.
-        kind: ``"complete"``, ``"causal"``, ``"window"``, ``"causal_window"``
-            or ``None`` (arbitrary graph).
-        lengths: sequence lengths of the blocks, in order (``None`` if
-            unstructured); one entry for a single sequence.
-        window: the half-width of a window graph.
-        num_src: number of sources of a bipartite graph (``None``: square).
-        build: makes ``edge_index`` on first use when it is not given.
-    """
-
-    def __init__(
-        self,
-        edge_index: Tensor | None,
-        num_nodes: int,
-        kind: str | None = None,
-        lengths: list[int] | None = None,
-        window: int = 0,
-        num_src: int | None = None,
-        build: Callable[[], Tensor] | None = None,
-    ) -> None:
-        assert edge_index is not None or build is not None
-        self._edge_index = edge_index
-        self._build = build
-        self.num_nodes = num_nodes
-        self.kind = kind
-        self.lengths = lengths
-        self.window = window
-        self.num_src = num_src
-        self._csr: CSR | None = None
-
-    @property
-    def edge_index(self) -> Tensor:
-        if self._edge_index is None:
-            assert self._build is not None
-            self._edge_index = self._build()
-        return self._edge_index
-
-    @property
-    def num_edges(self) -> int:
-        if self._edge_index is None and self.lengths is not None:
-            if self.kind == "complete":
-                return sum(t * t for t in self.lengths)
-            if self.kind == "causal":
-                return sum(t * (t + 1) // 2 for t in self.lengths)
-        return self.edge_index.shape[1]
-
-    @property
-    def csr(self) -> CSR:
-        """Destination-sorted CSR, built once per graph."""
-        if self._csr is None:
-            self._csr = to_csr(self.edge_index, self.num_nodes, self.num_src)
-        return self._csr
-
-    @property
-    def density(self) -> float:
-        """``|E| / (N M)``: how much of the dense matrix the graph fills."""
-        return self.num_edges / max(self.num_nodes * (self.num_src or self.num_nodes), 1)
-
-    def __repr__(self) -> str:
-        return f"Graph(num_nodes={self.num_nodes}, kind={self.kind!r}, lengths={self.lengths})"
-
-
-_BUILDERS = {"complete": complete_graph, "causal": causal_graph}
-# Structured graphs up to this many edges (about 100 MB of edges and CSR) are
-# cached between calls.
-_CACHE_MAX_EDGES = 1 << 22
-
-
-def structured_graph(
-    kind: str, num_nodes: int, batch: Tensor | None, device: torch.device
-) -> Graph:
-    """A complete or causal graph (one per sequence of ``batch``), built lazily.
-
-    Without ``batch`` the result is cached per ``(kind, N, device)``, with
-    ``batch`` per batch tensor, so repeated calls reuse the same edges and CSR.
-    """
-    key = (kind, num_nodes, str(device))
-    if batch is None:
-        hit = _structured.get(key)
-        if hit is not None:
-            return hit
-    elif not torch.compiler.is_compiling():
-        hit = _cache.get(batch, num_nodes, kind)
-        if hit is not None:
-            return hit
-    if batch is None or batch.numel() == 0:
-        lengths = [num_nodes] if num_nodes else []
-    else:
-        lengths = [int(c) for c in torch.bincount(batch).tolist() if c > 0]
-    builder = _BUILDERS[kind]
-    g = Graph(
-        None,
-        num_nodes,
-        kind,
-        lengths,
-        build=lambda: builder(num_nodes, batch=batch, device=device),
+def check_backend(backend: str) -> str:
+    """``backend`` after checking it is one of :data:`BACKENDS`."""
+    hint = (
+        " (the SDPA backend is called 'sdpa'; the dense *reference* functions live in "
+        "gnnattn.dense)"
+        if backend == "dense"
+        else ""
     )
-    if g.num_edges > _CACHE_MAX_EDGES:
-        # Once a backend builds its edges, a cached graph would keep them
-        # (16 bytes an edge, plus the CSR) for the life of the process.
-        return g
-    if batch is None:
-        if len(_structured) >= 16:
-            _structured.pop(next(iter(_structured)))
-        _structured[key] = g
-    elif not torch.compiler.is_compiling():
-        _cache.put(batch, num_nodes, g, kind)
-    return g
-
-
-def _detect_window(lo: Tensor, hi: Tensor, i: Tensor) -> tuple[str, int] | None:
-    """``("window", w)`` or ``("causal_window", w)`` if the row ranges are a band."""
-    n = i.numel()
-    w = int((i - lo).max())
-    if w == 0 or w >= n - 1:
-        return None  # no band: self-loops only, or complete/causal
-    if not bool((lo == (i - w).clamp_min(0)).all()):
-        return None
-    if bool((hi == i).all()):
-        return "causal_window", w
-    if bool((hi == (i + w).clamp_max(n - 1)).all()):
-        return "window", w
-    return None
-
-
-def _detect(
-    edge_index: Tensor, num_nodes: int, csr: CSR
-) -> tuple[str | None, list[int] | None, int]:
-    """Detect complete / causal (possibly batched) structure from the CSR, in O(|E|).
-
-    The graph is structured when every target's sources form one contiguous
-    range ``[lo_i, hi_i]`` without duplicates; then blocks start where
-    ``lo_i == i`` and the ranges decide complete vs causal.
-    """
-    n, ptr, col = num_nodes, csr.ptr, csr.col
-    e = col.numel()
-    if n == 0 or e == 0:
-        return None, None, 0
-    deg = ptr.diff()
-    if bool((deg == 0).any()):
-        return None, None, 0
-    # Within a row, sorted sources must step by exactly 1 (no gaps, no duplicates).
-    step = col[1:] - col[:-1]
-    row_start = torch.zeros(e, dtype=torch.bool, device=col.device)
-    row_start[ptr[:-1]] = True
-    if not bool(((step == 1) | row_start[1:]).all()):
-        return None, None, 0
-    lo = col[ptr[:-1]]
-    hi = col[ptr[1:] - 1]
-    i = torch.arange(n, device=col.device)
-    starts = lo == i
-    if not bool(starts[0]) or bool((lo > i).any()):
-        return None, None, 0
-    if not bool(starts[1:].any()):
-        window = _detect_window(lo, hi, i)
-        if window is not None:
-            return window[0], [n], window[1]
-    block = torch.cumsum(starts.long(), 0) - 1  # (N,) block id of each node
-    first = i[starts]  # (B,) first node of each block
-    sizes = torch.diff(torch.cat([first, first.new_tensor([n])]))  # (B,)
-    last = first + sizes - 1
-    if not bool((lo == first[block]).all()):
-        return None, None, 0
-    lengths = [int(s) for s in sizes.tolist()]
-    if bool((hi == last[block]).all()):
-        return "complete", lengths, 0
-    if bool((hi == i).all()):
-        # Causal blocks cannot be told apart from one longer causal sequence
-        # except by where lo resets, which `starts` already used.
-        return "causal", lengths, 0
-    return None, None, 0
-
-
-class _Cache:
-    """Graph analyses keyed on the identity (and version) of an ``edge_index``.
-
-    A weak reference makes sure a new tensor that happens to reuse a freed
-    tensor's id is not mistaken for it; ``_version`` catches in-place edits.
-    """
-
-    def __init__(self, size: int = 16) -> None:
-        self.size = size
-        self.entries: dict[tuple[int, str], tuple[weakref.ref, int, int, Graph]] = {}
-
-    def get(self, edge_index: Tensor, num_nodes: int, tag: str = "") -> Graph | None:
-        hit = self.entries.get((id(edge_index), tag))
-        if hit is None:
-            return None
-        ref, version, n, graph = hit
-        if ref() is edge_index and version == edge_index._version and n == num_nodes:
-            return graph
-        return None
-
-    def put(self, edge_index: Tensor, num_nodes: int, graph: Graph, tag: str = "") -> None:
-        if len(self.entries) >= self.size:
-            self.entries.pop(next(iter(self.entries)))
-        self.entries[(id(edge_index), tag)] = (
-            weakref.ref(edge_index),
-            edge_index._version,
-            num_nodes,
-            graph,
-        )
-
-
-_cache = _Cache()
-_structured: dict[tuple[str, int, str], Graph] = {}
-
-
-def analyze(edge_index: Tensor, num_nodes: int, *, detect: bool = True) -> Graph:
-    """Wrap a validated ``edge_index`` into a :class:`Graph`, detecting its structure.
-
-    The result (with its CSR) is cached per ``edge_index`` tensor, so calling a
-    layer repeatedly on the same graph pays the analysis once.
-    """
-    if torch.compiler.is_compiling():
-        return Graph(edge_index, num_nodes)
-    hit = _cache.get(edge_index, num_nodes)
-    if hit is not None:
-        return hit
-    graph = Graph(edge_index, num_nodes)
-    if detect and edge_index.shape[1] > 0:
-        graph.kind, graph.lengths, graph.window = _detect(edge_index, num_nodes, graph.csr)
-    _cache.put(edge_index, num_nodes, graph)
-    return graph
+    check_choice(backend, "backend", BACKENDS, hint)
+    return backend
 
 
 def _has_compiled_kernels(device: torch.device) -> bool:
@@ -296,7 +64,7 @@ def _has_compiled_kernels(device: torch.device) -> bool:
 
 def resolve_backend(
     backend: str,
-    graph: Graph,
+    graph: AttentionGraph,
     device: torch.device,
     *,
     dropout_active: bool = False,
@@ -304,21 +72,30 @@ def resolve_backend(
 ) -> str:
     """Pick the implementation for one call.
 
-    ``"auto"``: dense for complete/causal(-batched) graphs and for window graphs
+    ``"auto"``: SDPA for complete/causal(-batched) graphs and for window graphs
     that fill more than a quarter of the matrix (dense tiles then waste less
     than sparse gathers cost), fused for other graphs when a compiled kernel
     exists for the device, message passing otherwise (and under
     ``torch.compile``, where the numba kernel cannot be traced, and with
     attention dropout on sparse graphs, which the fused kernel does not do).
     """
-    if backend == "dense" and graph.kind is None:
-        raise ValueError(
-            "backend='dense' needs a graph of known structure (complete, causal, their "
-            "batched versions or a sliding window); this edge_index has none. Use "
-            "backend='fused' or 'mp'."
-        )
-    if backend == "dense" and has_bias:
-        raise ValueError("backend='dense' does not take per-edge score biases; use 'fused' or 'mp'")
+    check_backend(backend)
+    if backend == "sdpa":
+        if graph.is_bipartite:
+            raise ValueError(
+                "backend='sdpa' does not do cross-attention (a pair (x_src, x_dst) or a "
+                "bipartite graph); use backend='fused', 'mp' or 'auto'"
+            )
+        if graph.structure is None:
+            raise ValueError(
+                "backend='sdpa' needs a graph of known structure (complete, causal, their "
+                "batched versions or a sliding window); this edge_index has none. Use "
+                "backend='fused' or 'mp'."
+            )
+        if has_bias:
+            raise ValueError(
+                "backend='sdpa' does not take per-edge score biases; use 'fused' or 'mp'"
+            )
     if backend == "fused" and dropout_active:
         raise ValueError(
             "backend='fused' has no attention dropout; use backend='mp' (or 'auto') while "
@@ -326,51 +103,54 @@ def resolve_backend(
         )
     if backend != "auto":
         return backend
-    if graph.kind in ("complete", "causal") and not has_bias:
-        return "dense"
-    if graph.kind in ("window", "causal_window") and graph.density > 0.25 and not has_bias:
-        return "dense"
+    s = graph.structure if not has_bias else None
+    if s is not None and (s.kind in ("complete", "causal") or graph.density > 0.25):
+        return "sdpa"
     if dropout_active or torch.compiler.is_compiling() or not _has_compiled_kernels(device):
         return "mp"
     return "fused"
 
 
-# --------------------------------------------------------------------------- dense
+# --------------------------------------------------------------------------- sdpa
 
 
-def _dense_mask(graph: Graph, t: int, device: torch.device) -> Tensor | None:
+def _window_mask(graph: AttentionGraph, t: int, device: torch.device) -> Tensor | None:
     """Boolean ``[T, T]`` mask (``True`` = attend) for window graphs, else ``None``."""
-    if graph.kind not in ("window", "causal_window"):
+    s = graph.structure
+    assert s is not None
+    if s.kind not in ("window", "causal_window"):
         return None
     i = torch.arange(t, device=device).view(-1, 1)
     j = torch.arange(t, device=device).view(1, -1)
     d = i - j
-    if graph.kind == "causal_window":
-        return (d >= 0) & (d <= graph.window)
-    return d.abs() <= graph.window
+    if s.kind == "causal_window":
+        return (d >= 0) & (d <= s.window)
+    return d.abs() <= s.window
 
 
 def _gather_weights(
-    q: Tensor, k: Tensor, graph: Graph, scale: float, mask: Tensor | None
+    q: Tensor, k: Tensor, graph: AttentionGraph, scale: float, mask: Tensor | None
 ) -> Tensor:
     """Attention weights ``[|E|, H]`` in ``graph.edge_index`` order, through the matrix."""
+    s = graph.structure
+    assert s is not None
     n, h = q.shape[0], q.shape[1]
-    out = q.new_zeros(graph.edge_index.shape[1], h)
-    src, dst = graph.edge_index[0], graph.edge_index[1]
+    edge_index = graph.edge_index
+    out = q.new_zeros(edge_index.shape[1], h)
+    src, dst = edge_index[0], edge_index[1]
     # Reduce in float32 (float64 stays float64), as every other path does.
     ct = torch.float64 if q.dtype == torch.float64 else torch.float32
     start = 0
-    assert graph.lengths is not None
-    for t in graph.lengths:
+    for t in s.lengths:
         qb = q[start : start + t].transpose(0, 1).to(ct)  # (H, T, C)
         kb = k[start : start + t].transpose(0, 1).to(ct)  # (H, T, C)
-        s = torch.matmul(qb, kb.transpose(1, 2)) * scale  # (H, T, T)
-        if graph.kind == "causal":
+        sc = torch.matmul(qb, kb.transpose(1, 2)) * scale  # (H, T, T)
+        if s.kind == "causal":
             tri = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-            s = s.masked_fill(~tri, float("-inf"))
+            sc = sc.masked_fill(~tri, float("-inf"))
         elif mask is not None:
-            s = s.masked_fill(~mask[:t, :t], float("-inf"))
-        p = torch.softmax(s, dim=-1).to(q.dtype)  # (H, T, T)
+            sc = sc.masked_fill(~mask[:t, :t], float("-inf"))
+        p = torch.softmax(sc, dim=-1).to(q.dtype)  # (H, T, T)
         sel = (dst >= start) & (dst < start + t)
         out[sel] = p[:, dst[sel] - start, src[sel] - start].T
         start += t
@@ -378,17 +158,17 @@ def _gather_weights(
     return out
 
 
-def dense_attention(
+def sdpa_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    graph: Graph,
+    graph: AttentionGraph,
     scale: float,
     *,
     dropout_p: float = 0.0,
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """The ``"dense"`` backend: SDPA per block of a structured graph.
+    """The ``"sdpa"`` backend: SDPA per block of a structured graph.
 
     Equal-length blocks go through one ``[B, H, T, C]`` call (``is_causal`` for
     causal graphs, no mask for complete ones: SDPA's fused CPU/GPU kernels).
@@ -400,17 +180,18 @@ def dense_attention(
         - **q, k:** ``[N, H, C]``; **v:** ``[N, H, Cv]``
         - **output:** ``[N, H, Cv]`` and optionally weights ``[|E|, H]``
     """
-    assert graph.kind is not None and graph.lengths is not None
+    s = graph.structure
+    assert s is not None
     n, h, c = q.shape
     cv = v.shape[-1]
-    lengths = graph.lengths
+    lengths = s.lengths
     if n == 0:
         return v.new_zeros(0, h, cv), (q.new_zeros(0, h) if need_weights else None)
     tmax = max(lengths)
-    mask = _dense_mask(graph, tmax, q.device)
-    is_causal = graph.kind == "causal"
+    mask = _window_mask(graph, tmax, q.device)
+    is_causal = s.kind == "causal"
+    b = len(lengths)
     if all(t == tmax for t in lengths):
-        b = len(lengths)
         qb = q.view(b, tmax, h, c).transpose(1, 2)  # (B, H, T, C)
         kb = k.view(b, tmax, h, c).transpose(1, 2)  # (B, H, T, C)
         vb = v.view(b, tmax, h, cv).transpose(1, 2)  # (B, H, T, Cv)
@@ -419,7 +200,6 @@ def dense_attention(
         )
         out = ob.transpose(1, 2).reshape(n, h, cv)  # (N, H, Cv)
     else:
-        b = len(lengths)
         lens = torch.tensor(lengths, device=q.device)
         starts = torch.cumsum(lens, 0) - lens
         pos = torch.arange(tmax, device=q.device)
@@ -449,25 +229,35 @@ def dense_attention(
 
 
 class _FusedAttention(torch.autograd.Function):
-    """Autograd around the kernels' ``attention_fwd`` / ``attention_bwd``."""
+    """Autograd around the kernels' ``attention_fwd`` / ``attention_bwd``.
+
+    The graph rides on ``ctx`` rather than through ``save_for_backward``: its
+    index tensors carry no gradient and never change, and the backward takes
+    the transposed CSR from it (built once per graph, not per call).
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, ptr, col, scale):  # type: ignore[override]
+    def forward(ctx, q, k, v, bias, graph, scale):  # type: ignore[override]
+        csr = graph.csr
         kern = kernels.get(q.device)
-        out, lse = kern.attention_fwd(q, k, v, ptr, col, scale, bias)
-        ctx.save_for_backward(q, k, v, bias, out, lse, ptr, col)
+        out, lse = kern.attention_fwd(q, k, v, csr.ptr, csr.col, scale, bias)
+        ctx.save_for_backward(q, k, v, bias, out, lse)
+        ctx.graph = graph
         ctx.scale = scale
         ctx.has_bias = bias is not None
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):  # type: ignore[override]
-        q, k, v, bias, out, lse, ptr, col = ctx.saved_tensors
+        q, k, v, bias, out, lse = ctx.saved_tensors
+        graph = ctx.graph
+        csr = graph.csr
         kern = kernels.get(q.device)
         dq, dk, dv, dbias = kern.attention_bwd(
-            q, k, v, out, lse, grad_out.contiguous(), ptr, col, ctx.scale, bias
-        )
-        return dq, dk, dv, (dbias if ctx.has_bias else None), None, None, None
+            q, k, v, out, lse, grad_out.contiguous(), csr.ptr, csr.col, ctx.scale, bias,
+            csc=tuple(graph.csc),
+        )  # fmt: skip
+        return dq, dk, dv, (dbias if ctx.has_bias else None), None, None
 
 
 def _kernel_dtype(t: Tensor) -> torch.dtype:
@@ -482,7 +272,7 @@ def fused_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    graph: Graph,
+    graph: AttentionGraph,
     scale: float,
     *,
     bias: Tensor | None = None,
@@ -504,56 +294,19 @@ def fused_attention(
     bc = None
     if bias is not None:
         bc = (bias if csr.perm is None else bias[csr.perm]).to(dtype).contiguous()
-    out, lse = _FusedAttention.apply(qc, kc, vc, bc, csr.ptr, csr.col, scale)
+    out, lse = _FusedAttention.apply(qc, kc, vc, bc, graph, scale)
     weights = None
     if need_weights:
         with torch.no_grad():
-            w = kernels.reference.attention_weights(qc, kc, csr.ptr, csr.col, scale, lse, bc)
+            ref = kernels.reference
+            w = ref.attention_weights(qc, kc, csr.ptr, csr.col, scale, lse, bc)
             # The scores recomputed here and the kernel's log-sum-exp differ by
             # rounding; renormalizing makes every row sum to 1 and keeps each
             # weight <= 1 exactly, as on the other backends.
-            index = kernels.reference.segment_ids(csr.ptr, csr.col.numel())
-            total = kernels.reference._segment_sum(w, index, graph.num_nodes)
+            index = segment_ids(csr.ptr, csr.col.numel())
+            total = ref.segment_sum(w, index, graph.num_dst)
             w = w / torch.where(total > 0, total, torch.ones_like(total))[index]
         if csr.perm is not None:
             w = torch.empty_like(w).index_copy_(0, csr.perm, w)
         weights = w.to(q.dtype)
     return out.to(q.dtype), weights
-
-
-def make_graph(
-    num_nodes: int,
-    edge_index: Tensor | None,
-    batch: Tensor | None,
-    *,
-    causal: bool,
-    device: torch.device,
-) -> Graph:
-    """The graph a layer attends over, from its call arguments.
-
-    ``edge_index=None`` means the complete graph (causal when ``causal``), one
-    per sequence of ``batch``. An explicit ``edge_index`` is validated and, when
-    ``causal``, pruned to its edges :math:`j \\le i`.
-    """
-    from .graphs import _check_batch, check_edge_index
-
-    if edge_index is not None and batch is not None:
-        raise ValueError(
-            "Expected either 'edge_index' or 'batch', got both: 'batch' builds one complete "
-            "(or causal) graph per sequence, 'edge_index' gives the graph itself"
-        )
-    if edge_index is None:
-        if batch is not None:
-            batch = _check_batch(batch)
-            if batch.numel() != num_nodes:
-                raise ValueError(
-                    f"Expected 'batch' of length {num_nodes} (the number of rows of x), "
-                    f"got {batch.numel()}"
-                )
-            if batch.device != device:
-                raise ValueError(f"Expected 'batch' on device {device}, got {batch.device}")
-        return structured_graph("causal" if causal else "complete", num_nodes, batch, device)
-    check_edge_index(edge_index, num_nodes, device=device)
-    if causal:
-        edge_index = edge_index[:, edge_index[0] <= edge_index[1]]
-    return analyze(edge_index.long() if edge_index.dtype != torch.long else edge_index, num_nodes)

@@ -28,9 +28,9 @@ import torch
 from torch import Tensor
 
 from .kernels import get as get_kernels
-from .kernels.reference import _segment_max, _segment_sum
+from .kernels.reference import segment_max, segment_sum
 
-__all__ = ["naive_scatter_softmax", "scatter_softmax"]
+__all__ = ["naive_scatter_softmax", "scatter_softmax", "segment_softmax"]
 
 # Below this many elements the compiled kernels' call overhead (CSR pointers,
 # numpy views) costs more than the torch ops they replace.
@@ -79,19 +79,19 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _torch_fwd(src: Tensor, index: Tensor, n: int) -> Tensor:
-    m = _segment_max(src, index, n)
+    m = segment_max(src, index, n)
     # An empty or all -inf segment has max -inf; shift by 0 there instead, or
     # (-inf) - (-inf) would be NaN. Every exp of such a segment is then 0.
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(src - m[index])
-    s = _segment_sum(e, index, n)
+    s = segment_sum(e, index, n)
     # s == 0 only where every exp is 0: divide by 1 to give weights 0, not NaN.
     s = torch.where(s > 0, s, torch.ones_like(s))
     return e / s[index]
 
 
 def _torch_bwd(y: Tensor, grad: Tensor, index: Tensor, n: int) -> Tensor:
-    dot = _segment_sum(grad * y, index, n)
+    dot = segment_sum(grad * y, index, n)
     return y * (grad - dot[index])
 
 
@@ -130,8 +130,13 @@ class _ScatterSoftmax(torch.autograd.Function):
         return dx.to(grad.dtype), None, None, None
 
 
-def _scatter_softmax(src: Tensor, index: Tensor, n: int, *, sorted_index: bool = False) -> Tensor:
-    """:func:`scatter_softmax` on validated ``src`` ``[E, ...]`` along dim 0."""
+def segment_softmax(src: Tensor, index: Tensor, n: int, *, sorted_index: bool = False) -> Tensor:
+    """:func:`scatter_softmax` along dim 0 of ``src`` ``[E, ...]``, without the checks.
+
+    For callers that already know their input is valid (the layers' messages):
+    ``index`` int64 ``[E]`` with ids below ``n``; ``sorted_index`` says the ids
+    are non-decreasing (then the compiled kernels may run).
+    """
     flat = src.reshape(src.shape[0], math.prod(src.shape[1:]))  # (E, F)
     use_kernel = (
         sorted_index
@@ -178,7 +183,7 @@ def scatter_softmax(
     x = src.movedim(dim, 0)
     idx = index.long()
     sorted_index = idx.numel() < 2 or bool((idx[1:] >= idx[:-1]).all())
-    return _scatter_softmax(x, idx, n, sorted_index=sorted_index).movedim(0, dim)
+    return segment_softmax(x, idx, n, sorted_index=sorted_index).movedim(0, dim)
 
 
 def naive_scatter_softmax(
@@ -208,5 +213,5 @@ def naive_scatter_softmax(
     n, dim = _check(src, index, num_segments, dim)
     x = src.movedim(dim, 0)
     e = torch.exp(x)
-    s = _segment_sum(e, index.long(), n)
+    s = segment_sum(e, index.long(), n)
     return (e / s[index.long()]).movedim(0, dim)

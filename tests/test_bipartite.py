@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gnnattn import SelfAttentionConv
-from gnnattn.nn import complete_bipartite_graph
+from gnnattn import complete_bipartite_graph
 
 TOL = 1e-10
 D, H = 12, 3
@@ -133,5 +133,5 @@ def test_bipartite_refuses_causal_and_dense():
     x = (torch.randn(4, D), torch.randn(2, D))
     with pytest.raises(ValueError, match="single 'x' with causal=True"):
         SelfAttentionConv(D, H, causal=True)(x)
-    with pytest.raises(ValueError, match="backend='dense' does not do cross-attention"):
-        SelfAttentionConv(D, H, backend="dense")(x)
+    with pytest.raises(ValueError, match="backend='sdpa' does not do cross-attention"):
+        SelfAttentionConv(D, H, backend="sdpa")(x)

@@ -7,19 +7,19 @@ import torch
 
 from gnnattn import SelfAttentionConv
 from gnnattn.compare import compare
-from gnnattn.softmax import _scatter_softmax
+from gnnattn.softmax import segment_softmax
 
 FAST = {"tokens": 6, "embed_dim": 8, "num_heads": 2, "reps": 1}
 
 
 def test_good_layer_is_equal():
-    res = compare(**FAST, candidates=["mp", "dense", "fused", "nn.MultiheadAttention", "sdpa"])
+    res = compare(**FAST, candidates=["mp", "sdpa", "fused", "nn.MultiheadAttention", "F.sdpa"])
     assert res.ok, res.table()
     assert len(res.rows) == 5 * 3 * 2
     r = res.row("mp", "float32", causal=True)
     assert r.out_rel < 1e-5 and r.weight_rel < 1e-5 and r.grad_rel < 1e-5
     assert r.ms_per_call > 0
-    assert math.isnan(res.row("sdpa").weight_abs)  # SDPA returns no weights
+    assert math.isnan(res.row("F.sdpa").weight_abs)  # SDPA returns no weights
     assert "agreement: OK" in res.table()
 
 
@@ -36,7 +36,7 @@ class GlobalSoftmax(SelfAttentionConv):
 
     def message(self, query_i, key_j, value_j, score_bias, value_edge, index, ptr, size_i):
         score = (query_i * key_j).sum(dim=-1) * self.scale  # (E, H)
-        alpha = _scatter_softmax(score, torch.zeros_like(index), 1)
+        alpha = segment_softmax(score, torch.zeros_like(index), 1)
         self._alpha = alpha
         return value_j * alpha.unsqueeze(-1)
 
@@ -45,11 +45,11 @@ class GlobalSoftmax(SelfAttentionConv):
 def test_planted_bug_is_not_equal(bug):
     torch.manual_seed(0)
     layer = bug(8, num_heads=2)
-    res = compare(layer, tokens=6, reps=1, dtypes=["float32"], candidates=["mp", "sdpa"])
+    res = compare(layer, tokens=6, reps=1, dtypes=["float32"], candidates=["mp", "F.sdpa"])
     assert not res.ok
     assert res.row("mp").ok is False and res.row("mp").out_rel > 1e-2
     # The dense peers built from the same weights still agree: the bug is the layer's.
-    assert res.row("sdpa").ok is True
+    assert res.row("F.sdpa").ok is True
     assert "NOT EQUAL" in res.table()
 
 

@@ -116,13 +116,13 @@ def test_explicit_backends_that_cannot_do_edge_features_raise():
     x = torch.randn(N, D, dtype=torch.float64)
     ei = complete_graph(N)
     ea = torch.randn(ei.shape[1], ED, dtype=torch.float64)
-    for backend in ("fused", "dense"):
+    for backend in ("fused", "sdpa"):
         layer.backend = backend
         with pytest.raises(ValueError, match=rf"backend='{backend}' cannot add edge features"):
             layer(x, ei, ea)
     bias_only = make_layer()
-    bias_only.backend = "dense"
-    with pytest.raises(ValueError, match="backend='dense' does not take per-edge score biases"):
+    bias_only.backend = "sdpa"
+    with pytest.raises(ValueError, match="backend='sdpa' does not take per-edge score biases"):
         bias_only(x, ei, ea)
 
 

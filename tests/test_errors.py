@@ -94,8 +94,8 @@ def test_bad_constructor_arguments(kwargs, match):
 
 
 def test_backend_that_cannot_run_this_graph():
-    layer = SelfAttentionConv(8, backend="dense")
-    with pytest.raises(ValueError, match="backend='dense' needs a graph of known structure"):
+    layer = SelfAttentionConv(8, backend="sdpa")
+    with pytest.raises(ValueError, match="backend='sdpa' needs a graph of known structure"):
         layer(X, torch.tensor([[0, 1], [1, 2]]))
     layer = SelfAttentionConv(8, dropout=0.1, backend="fused").train()
     with pytest.raises(ValueError, match="backend='fused' has no attention dropout"):
@@ -115,14 +115,14 @@ def test_from_torch_rejects_what_it_cannot_express():
     "call, exc, match",
     [
         (lambda: complete_graph(), ValueError, "'num_nodes' or 'batch'"),
-        (lambda: complete_graph(-1), ValueError, "'num_nodes' >= 0"),
+        (lambda: complete_graph(-1), ValueError, "'num_nodes' to be an int >= 0"),
         (lambda: complete_graph(2.0), TypeError, "'num_nodes' to be an int"),
         (
             lambda: causal_graph(3, batch=torch.zeros(2, dtype=torch.long)),
             ValueError,
-            "'batch' of length num_nodes=3, got 2",
+            r"'batch' of length 3 \(one id per row of x\), got 2",
         ),
-        (lambda: sliding_window_graph(3, window=-1), ValueError, "'window' >= 0"),
+        (lambda: sliding_window_graph(3, window=-1), ValueError, "'window' to be an int >= 0"),
         (lambda: sliding_window_graph(3, window=1.5), TypeError, "'window' to be an int"),
         (lambda: edge_index_to_mask(torch.tensor([[0], [3]]), 3), ValueError, "target ids"),
         (

@@ -55,4 +55,4 @@ def test_graph_vs_dense_agrees(tmp_path):
     assert result["tokens"] == [32, 64]
     assert (tmp_path / "graph_vs_dense.png").stat().st_size > 10_000
     rows = json.loads((tmp_path / "graph_vs_dense.json").read_text())["rows"]
-    assert {"mp_s", "dense_s", "fused_s", "torch_s"} <= set(rows[0])
+    assert {"mp_s", "sdpa_s", "fused_s", "torch_s"} <= set(rows[0])

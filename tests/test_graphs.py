@@ -108,7 +108,7 @@ def test_int64_arithmetic_near_2_pow_31():
     # A complete graph of 46341 tokens has more than 2^31 edges; building one
     # takes 32 GiB, so check the arithmetic that would overflow in int32: edge
     # positions past 2^31 and source ids past 2^31.
-    from gnnattn.graphs import _expand
+    from gnnattn.graphs.builders import _expand
 
     deg = torch.tensor([2**31 - 1, 3], dtype=torch.long)
     rowptr = torch.cumsum(deg, 0) - deg

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from gnnattn import (
+    AttentionGraph,
     SelfAttentionConv,
     SimplifiedAttention,
     causal_graph,
@@ -14,6 +15,7 @@ from gnnattn import (
     edge_index_to_mask,
     sliding_window_graph,
 )
+from gnnattn.graphs import Structure
 from gnnattn.ops import resolve_backend
 
 TOL = 1e-10  # float64 throughout: only summation order differs between paths.
@@ -41,8 +43,8 @@ def graphs():
 
 
 def backends_for(name):
-    # "dense" needs a structure it can express; random graphs have none.
-    return ["mp", "fused"] + ([] if name == "sparse" else ["dense", "auto"])
+    # "sdpa" needs a structure it can express; random graphs have none.
+    return ["mp", "fused"] + ([] if name == "sparse" else ["sdpa", "auto"])
 
 
 def make_layer(seed=0, heads=3, dim=12):
@@ -97,7 +99,7 @@ def test_simplified_attention_equals_dense(name):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("backend", ["mp", "dense", "fused", "auto"])
+@pytest.mark.parametrize("backend", ["mp", "sdpa", "fused", "auto"])
 def test_implicit_graphs_and_batch(causal, backend):
     layer = make_layer()
     layer.causal = causal
@@ -139,7 +141,7 @@ def test_from_torch_equals_mha(bias, causal):
     ref, ref_w = mha(x, x, x, attn_mask=attn_mask, average_attn_weights=False)
     layer = SelfAttentionConv.from_torch(mha, causal=causal)
     assert layer.lin_query.weight.dtype == torch.float64
-    for backend in ("mp", "dense", "fused"):
+    for backend in ("mp", "sdpa", "fused"):
         layer.backend = backend
         out, (ei, alpha) = layer(x[0], return_attention_weights=True)
         assert (out - ref[0]).abs().max() < TOL
@@ -185,18 +187,9 @@ def test_dropout_applies_in_training_only():
     layer.eval()
     assert torch.equal(layer(x), layer(x))
     layer.train()
-    assert (
-        resolve_backend(
-            "auto",
-            layer_graph := __import__("gnnattn").ops.make_graph(
-                6, random_sparse(6, 10), None, causal=False, device=x.device
-            ),
-            x.device,
-            dropout_active=True,
-        )
-        == "mp"
-    )
-    assert layer_graph.kind is None
+    layer_graph = AttentionGraph(random_sparse(6, 10), 6)
+    assert resolve_backend("auto", layer_graph, x.device, dropout_active=True) == "mp"
+    assert layer_graph.structure is None
     torch.manual_seed(0)
     a = layer(x, random_sparse(6, 20))
     torch.manual_seed(1)
@@ -209,25 +202,23 @@ def test_dropout_applies_in_training_only():
 
 
 def test_structure_detected_from_explicit_edge_index():
-    from gnnattn.ops import analyze
+    def structure(ei):
+        return AttentionGraph(ei, N).structure
 
     batch = torch.repeat_interleave(torch.arange(3), torch.tensor(LENGTHS))
-    assert analyze(complete_graph(N), N).kind == "complete"
-    assert analyze(causal_graph(N), N).kind == "causal"
-    g = analyze(complete_graph(batch=batch), N)
-    assert (g.kind, g.lengths) == ("complete", LENGTHS)
-    g = analyze(causal_graph(batch=batch), N)
-    assert g.kind == "causal"
-    g = analyze(sliding_window_graph(N, window=2), N)
-    assert (g.kind, g.window) == ("window", 2)
-    g = analyze(sliding_window_graph(N, window=2, causal=True), N)
-    assert (g.kind, g.window) == ("causal_window", 2)
+    assert structure(complete_graph(N)) == Structure("complete", (N,))
+    assert structure(causal_graph(N)) == Structure("causal", (N,))
+    assert structure(complete_graph(batch=batch)) == Structure("complete", tuple(LENGTHS))
+    assert structure(causal_graph(batch=batch)) == Structure("causal", tuple(LENGTHS))
+    assert structure(sliding_window_graph(N, window=2)) == Structure("window", (N,), 2)
+    s = structure(sliding_window_graph(N, window=2, causal=True))
+    assert s == Structure("causal_window", (N,), 2)
     # Shuffled edges: same structure. Duplicates or a missing edge: none.
     ei = complete_graph(N)
-    assert analyze(ei[:, torch.randperm(ei.shape[1])], N).kind == "complete"
-    assert analyze(torch.cat([ei, ei[:, :1]], 1), N).kind is None
-    assert analyze(ei[:, 1:], N).kind is None
-    assert analyze(random_sparse(N, 30), N).kind is None
+    assert structure(ei[:, torch.randperm(ei.shape[1])]) == Structure("complete", (N,))
+    assert structure(torch.cat([ei, ei[:, :1]], 1)) is None
+    assert structure(ei[:, 1:]) is None
+    assert structure(random_sparse(N, 30)) is None
 
 
 def test_repr_and_reset():

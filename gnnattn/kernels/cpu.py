@@ -54,19 +54,15 @@ and ``dv_j`` accumulated in cache, so no two threads write the same row and no
 atomics are needed. Segment softmax: per edge ``H`` numbers read and written;
 a segment's exponentials are normalized while still in cache.
 
-The transposed CSR. :func:`transpose_csr` builds it (a stable ``argsort`` of
-``col``). :func:`attention_bwd` takes it as ``csc=``; without it, it looks the
-graph up in a small cache keyed on the identity and version of the ``ptr`` and
-``col`` tensors (an entry is dropped when either tensor is freed, and at most
-:data:`CSC_CACHE_SIZE` are kept), so a layer that keeps one CSR per graph
-builds the transpose once.
+The transposed CSR. :func:`attention_bwd` takes it as ``csc=``, from the
+graph object that owns it (:attr:`gnnattn.AttentionGraph.csc`, built once per
+graph); without it, it is built for that call by
+:func:`gnnattn.graphs.transpose_csr` (a stable sort of ``col``).
 """
 
 from __future__ import annotations
 
 import math
-import weakref
-from collections import OrderedDict
 from typing import Any
 
 import numba
@@ -75,17 +71,14 @@ import torch
 from numba import prange
 from torch import Tensor
 
+from ..graphs.csr import transpose_csr
+
 __all__ = [
-    "CSC_CACHE_SIZE",
     "attention_bwd",
     "attention_fwd",
     "segment_softmax_bwd",
     "segment_softmax_fwd",
-    "transpose_csr",
 ]
-
-#: Graphs whose transposed CSR :func:`attention_bwd` keeps.
-CSC_CACHE_SIZE = 8
 
 _NEG_INF = -np.inf
 # fastmath stays off: the kernels compare with -inf and rely on exp(-inf) = 0,
@@ -407,66 +400,6 @@ def _attn_bwd_src_kernel(
                         dk[j, h, c] += g * q[i, h, c]
 
 
-def transpose_csr(ptr: Tensor, col: Tensor, num_src: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The edges grouped by source: ``(tptr [M + 1], trow [E], tperm [E])``.
-
-    ``tperm`` is a stable sort of ``col`` (edge positions in CSR order), so
-    within a source the edges keep their target order and the backward's sums
-    have a fixed order; ``trow`` holds their targets. Same layout as
-    :func:`gnnattn.kernels.triton_attention.transpose_csr`.
-
-    >>> tptr, trow, tperm = transpose_csr(torch.tensor([0, 2, 3]), torch.tensor([1, 0, 1]), 2)
-    >>> tptr.tolist(), trow.tolist(), tperm.tolist()
-    ([0, 1, 3], [0, 0, 1], [1, 0, 2])
-    """
-    e = col.numel()
-    p = _check_ptr(ptr, e)
-    c = _check_col(col, num_src)
-    tperm = np.argsort(c, kind="stable")
-    rows = np.repeat(np.arange(p.shape[0] - 1, dtype=np.int64), np.diff(p))  # (E,)
-    tptr = np.zeros(num_src + 1, dtype=np.int64)
-    np.cumsum(np.bincount(c, minlength=num_src), out=tptr[1:])
-    return torch.from_numpy(tptr), torch.from_numpy(rows[tperm]), torch.from_numpy(tperm)
-
-
-class _CscCache:
-    """:func:`transpose_csr` per graph, keyed on the ``ptr`` and ``col`` tensors.
-
-    Keyed on their identity, version counters (an in-place change is a new
-    graph) and the number of sources. Weak references drop an entry when
-    either tensor is freed, so a new tensor reusing a freed one's id never
-    finds a stale entry; at most ``size`` entries stay (least recently used
-    goes first).
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.entries: OrderedDict[tuple[int, int, int], tuple] = OrderedDict()
-
-    def get(self, ptr: Tensor, col: Tensor, num_src: int) -> tuple[Tensor, Tensor, Tensor]:
-        key = (id(ptr), id(col), num_src)
-        hit = self.entries.get(key)
-        if hit is not None:
-            refs, versions, value = hit
-            if refs[0]() is ptr and refs[1]() is col and versions == (ptr._version, col._version):
-                self.entries.move_to_end(key)
-                return value
-        value = transpose_csr(ptr, col, num_src)
-
-        def drop(_ref: object, key: tuple[int, int, int] = key) -> None:
-            self.entries.pop(key, None)
-
-        refs = (weakref.ref(ptr, drop), weakref.ref(col, drop))
-        self.entries[key] = (refs, (ptr._version, col._version), value)
-        self.entries.move_to_end(key)
-        while len(self.entries) > self.size:
-            self.entries.popitem(last=False)
-        return value
-
-
-_csc_cache = _CscCache(CSC_CACHE_SIZE)
-
-
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, num_edges: int) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         _floating(name, t)
@@ -580,8 +513,8 @@ def attention_bwd(
         col: ``[E]`` int64 sources.
         scale: as in the forward.
         bias: the forward's ``[E, H]`` bias, or ``None``.
-        csc: :func:`transpose_csr` of the graph, if the caller keeps it;
-            otherwise it comes from a per-graph cache (module docstring).
+        csc: the transposed CSR ``(tptr, trow, tperm)`` of the graph
+            (:attr:`gnnattn.AttentionGraph.csc`); built here when not given.
 
     Returns:
         ``dq``, ``dk``, ``dv`` (typed like ``q``, ``k``, ``v``) and ``dbias``
@@ -624,7 +557,7 @@ def attention_bwd(
             alpha, ds.numpy(), dq.numpy(),
         )  # fmt: skip
         if csc is None:
-            csc = _csc_cache.get(ptr, col, m)
+            csc = tuple(transpose_csr(ptr, col, m))
         tptr, trow, tperm = (_contig(t, torch.int64) for t in csc)
         if tptr.shape[0] != m + 1 or trow.shape[0] != e or tperm.shape[0] != e:
             raise ValueError(

@@ -23,23 +23,30 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..graphs.csr import segment_ids
 
-def segment_ids(ptr: Tensor, num_edges: int | None = None) -> Tensor:
-    """The target of each edge position, ``[E]`` int64, from CSR pointers."""
-    n = ptr.numel() - 1
-    counts = ptr.diff()
-    return torch.repeat_interleave(
-        torch.arange(n, device=ptr.device), counts, output_size=num_edges
-    )
+__all__ = [
+    "attention_bwd",
+    "attention_fwd",
+    "attention_scores",
+    "attention_weights",
+    "segment_ids",
+    "segment_max",
+    "segment_softmax_bwd",
+    "segment_softmax_fwd",
+    "segment_sum",
+]
 
 
-def _segment_max(src: Tensor, index: Tensor, n: int) -> Tensor:
+def segment_max(src: Tensor, index: Tensor, n: int) -> Tensor:
+    """Per-segment maximum of ``src`` ``[E, ...]`` (``-inf`` for empty segments)."""
     out = src.new_full((n, *src.shape[1:]), float("-inf"))
     idx = index.view(-1, *([1] * (src.dim() - 1))).expand_as(src)
     return out.scatter_reduce(0, idx, src, "amax", include_self=True)
 
 
-def _segment_sum(src: Tensor, index: Tensor, n: int) -> Tensor:
+def segment_sum(src: Tensor, index: Tensor, n: int) -> Tensor:
+    """Per-segment sum of ``src`` ``[E, ...]`` (0 for empty segments)."""
     return src.new_zeros((n, *src.shape[1:])).index_add_(0, index, src)
 
 
@@ -47,12 +54,12 @@ def segment_softmax_fwd(src: Tensor, ptr: Tensor) -> Tensor:
     """Stable softmax of ``src`` ``[E, H]`` within each CSR segment of ``ptr``."""
     n = ptr.numel() - 1
     index = segment_ids(ptr, src.shape[0])
-    m = _segment_max(src, index, n)
+    m = segment_max(src, index, n)
     # An empty or all -inf segment has max -inf; shifting by it would give
     # (-inf) - (-inf) = NaN, so shift by 0 instead: every exp is then 0.
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(src - m[index])
-    s = _segment_sum(e, index, n)
+    s = segment_sum(e, index, n)
     s = torch.where(s > 0, s, torch.ones_like(s))
     return e / s[index]
 
@@ -61,7 +68,7 @@ def segment_softmax_bwd(y: Tensor, grad: Tensor, ptr: Tensor) -> Tensor:
     """Gradient of :func:`segment_softmax_fwd`: ``y * (g - sum_seg(g * y))``."""
     n = ptr.numel() - 1
     index = segment_ids(ptr, y.shape[0])
-    dot = _segment_sum(grad * y, index, n)
+    dot = segment_sum(grad * y, index, n)
     return y * (grad - dot[index])
 
 
@@ -103,13 +110,13 @@ def attention_fwd(
     n = ptr.numel() - 1
     index = segment_ids(ptr, col.numel())
     s = attention_scores(q, k, ptr, col, scale, bias)
-    m = _segment_max(s, index, n)
+    m = segment_max(s, index, n)
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(s - m_safe[index])
-    denom = _segment_sum(e, index, n)
+    denom = segment_sum(e, index, n)
     lse = torch.where(denom > 0, m_safe + torch.log(denom), torch.full_like(denom, float("-inf")))
     alpha = e / torch.where(denom > 0, denom, torch.ones_like(denom))[index]
-    out = _segment_sum(alpha.unsqueeze(-1) * v[col], index, n)
+    out = segment_sum(alpha.unsqueeze(-1) * v[col], index, n)
     return out, lse
 
 
@@ -152,10 +159,10 @@ def attention_bwd(
     index = segment_ids(ptr, col.numel())
     alpha = attention_weights(q, k, ptr, col, scale, lse, bias)  # (E, H)
     g = grad_out[index]  # (E, H, Cv)
-    dv = _segment_sum(alpha.unsqueeze(-1) * g, col, m)
+    dv = segment_sum(alpha.unsqueeze(-1) * g, col, m)
     dalpha = (g * v[col]).sum(-1)  # (E, H)
     d = (grad_out * out).sum(-1)  # (N, H)
     ds = alpha * (dalpha - d[index])  # (E, H)
-    dq = _segment_sum(ds.unsqueeze(-1) * k[col], index, n) * scale
-    dk = _segment_sum(ds.unsqueeze(-1) * q[index], col, m) * scale
+    dq = segment_sum(ds.unsqueeze(-1) * k[col], index, n) * scale
+    dk = segment_sum(ds.unsqueeze(-1) * q[index], col, m) * scale
     return dq, dk, dv, (ds if bias is not None else None)

@@ -83,9 +83,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..graphs.csr import transpose_csr
 from . import reference
 
-__all__ = ["attention_bwd", "attention_fwd", "transpose_csr"]
+__all__ = ["attention_bwd", "attention_fwd"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -398,26 +399,6 @@ def attention_fwd(
     return out, lse
 
 
-def transpose_csr(ptr: Tensor, col: Tensor, num_src: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The edges grouped by source: ``(tptr [M + 1], trow [E], tperm [E])``.
-
-    ``tperm`` is a stable sort of ``col`` (edge positions in CSR order), so
-    within a source the edges keep their destination order and the backward's
-    sums have a fixed order; ``trow`` holds their destinations.
-
-    >>> tptr, trow, tperm = transpose_csr(torch.tensor([0, 2, 3]), torch.tensor([1, 0, 1]), 2)
-    >>> tptr.tolist(), trow.tolist(), tperm.tolist()
-    ([0, 1, 3], [0, 0, 1], [1, 0, 2])
-    """
-    n = ptr.numel() - 1
-    e = col.numel()
-    _, tperm = torch.sort(col, stable=True)
-    rows = torch.repeat_interleave(torch.arange(n, device=ptr.device), ptr.diff(), output_size=e)
-    tptr = torch.zeros(num_src + 1, dtype=torch.int64, device=col.device)
-    torch.cumsum(torch.bincount(col, minlength=num_src), 0, out=tptr[1:])
-    return tptr, rows[tperm], tperm
-
-
 def attention_bwd(
     q: Tensor,
     k: Tensor,
@@ -447,8 +428,8 @@ def attention_bwd(
         scale: as in the forward.
         bias: the forward's ``[E, H]`` bias, or ``None``.
         block_e: neighbours per block; default from the mean degree.
-        csc: :func:`transpose_csr` of the graph, if the caller keeps it
-            (otherwise it is computed here, a stable sort of ``col``).
+        csc: the transposed CSR ``(tptr, trow, tperm)`` of the graph
+            (:attr:`gnnattn.AttentionGraph.csc`); built here when not given.
 
     Returns:
         ``dq``, ``dk``, ``dv`` (typed like ``q``, ``k``, ``v``) and ``dbias``

@@ -1,6 +1,6 @@
 """Attention layers (PyG ``MessagePassing`` modules) and the models built from them."""
 
-from .conv import SelfAttentionConv, complete_bipartite_graph
+from .conv import SelfAttentionConv
 from .positional import (
     GraphPositionalEncoding,
     LearnedPositionalEncoding,
@@ -18,6 +18,5 @@ __all__ = [
     "SelfAttentionConv",
     "SimplifiedAttention",
     "SinusoidalPositionalEncoding",
-    "complete_bipartite_graph",
     "sequence_positions",
 ]

@@ -9,98 +9,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
-from ..graphs import check_edge_index
-from ..ops import BACKENDS, Graph, dense_attention, fused_attention, make_graph, resolve_backend
-from ..softmax import _scatter_softmax
+from ..checks import check_float, check_int, check_x
+from ..graphs import AttentionGraph, GraphLike, as_graph
+from ..ops import check_backend, fused_attention, resolve_backend, sdpa_attention
+from ..softmax import segment_softmax
 
-__all__ = ["SelfAttentionConv", "complete_bipartite_graph"]
-
-
-def check_x(x: Tensor, width: int | None = None, name: str = "x") -> None:
-    """Raise if ``x`` is not a floating ``[N, width]`` tensor."""
-    if not isinstance(x, Tensor):
-        raise TypeError(f"Expected '{name}' to be a Tensor, got {type(x).__name__}")
-    if x.dim() != 2:
-        raise ValueError(
-            f"Expected '{name}' of shape [N, {width if width is not None else 'F'}] "
-            f"(one row per node), got {list(x.shape)}"
-        )
-    if width is not None and x.shape[1] != width:
-        raise ValueError(f"Expected '{name}' of shape [N, {width}], got {list(x.shape)}")
-    if not x.is_floating_point():
-        raise TypeError(f"Expected '{name}' of a floating dtype, got {x.dtype}")
-
-
-def check_backend(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"Expected 'backend' to be one of {BACKENDS}, got {backend!r}")
-    return backend
-
-
-def _check_edge_index_static(edge_index: Tensor, device: torch.device) -> None:
-    """The checks of :func:`check_edge_index` that need no tensor values.
-
-    Under ``torch.compile`` reading ``edge_index.max()`` would break the
-    graph; shape, dtype and device are known while tracing.
-    """
-    if not isinstance(edge_index, Tensor):
-        raise TypeError(f"Expected 'edge_index' to be a Tensor, got {type(edge_index).__name__}")
-    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-        raise ValueError(f"Expected 'edge_index' of shape [2, E], got {list(edge_index.shape)}")
-    if edge_index.dtype not in (torch.int64, torch.int32):
-        raise TypeError(
-            f"Expected 'edge_index' of dtype torch.int64 (or int32), got {edge_index.dtype}"
-        )
-    if edge_index.device != device:
-        raise ValueError(
-            f"Expected 'edge_index' on device {device} (the device of x), got {edge_index.device}"
-        )
-
-
-def complete_bipartite_graph(
-    num_src: int, num_dst: int, *, device: torch.device | str | None = None
-) -> Tensor:
-    r"""Every target attends to every source: the edges of cross-attention.
-
-    .. math::
-        \mathcal{E} = \{(j, i) : 0 \le j < M,\ 0 \le i < N\}
-
-    Args:
-        num_src (int): number of sources :math:`M` (keys / values).
-        num_dst (int): number of targets :math:`N` (queries).
-        device (torch.device, optional): where to build the edges.
-            (default: :obj:`None`, the CPU)
-
-    Shapes:
-        - **output:** ``[2, M * N]`` int64, sorted by target then source.
-
-    Example:
-        >>> from gnnattn.nn import complete_bipartite_graph
-        >>> complete_bipartite_graph(3, 2)
-        tensor([[0, 1, 2, 0, 1, 2],
-                [0, 0, 0, 1, 1, 1]])
-    """
-    for name, v in (("num_src", num_src), ("num_dst", num_dst)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"Expected '{name}' to be an int >= 0, got {v!r}")
-    src = torch.arange(num_src, device=device).repeat(num_dst)  # (N * M,)
-    dst = torch.arange(num_dst, device=device).repeat_interleave(num_src)  # (N * M,)
-    return torch.stack([src, dst])
-
-
-def _static_graph(n: int, causal: bool, device: torch.device) -> Graph:
-    """The complete / causal graph of one sequence without data-dependent sizes.
-
-    The builders of :mod:`gnnattn.graphs` size their output with
-    ``int(deg.sum())``, which ``torch.compile`` cannot trace; here every size
-    is a function of ``n`` alone. Same edges, same order.
-    """
-    if causal:
-        dst, src = torch.tril_indices(n, n, device=device)  # row-major: by target, then source
-        ei = torch.stack([src, dst])
-    else:
-        ei = complete_bipartite_graph(n, n, device=device)
-    return Graph(ei, n, "causal" if causal else "complete", [n] if n else [])
+__all__ = ["SelfAttentionConv"]
 
 
 class SelfAttentionConv(MessagePassing):
@@ -142,10 +56,11 @@ class SelfAttentionConv(MessagePassing):
             (default: :obj:`True`)
         causal (bool, optional): keep only edges :math:`j \le i` (the graph
             built when no ``edge_index`` is given becomes causal; an explicit
-            ``edge_index`` is pruned, and ``edge_attr`` with it).
-            (default: :obj:`False`)
+            graph is pruned, and ``edge_attr`` with it: a plain
+            ``edge_index`` on every call, an :class:`~gnnattn.AttentionGraph`
+            once, by the object itself). (default: :obj:`False`)
         backend (str, optional): ``"auto"``, ``"mp"`` (message passing, the
-            reference), ``"dense"`` (SDPA, for complete/causal/window graphs) or
+            reference), ``"sdpa"`` (SDPA, for complete/causal/window graphs) or
             ``"fused"`` (sparse kernel); see :mod:`gnnattn.ops`. Edge score
             biases run on ``"mp"`` and ``"fused"``; ``edge_value`` and attention
             dropout on sparse graphs only on ``"mp"`` (``"auto"`` picks it).
@@ -157,7 +72,8 @@ class SelfAttentionConv(MessagePassing):
 
     Shapes:
         - **input:** node features ``[|V|, D]`` or a pair ``([M, D], [N, D])``
-          (sources, targets), optional ``edge_index`` ``[2, |E|]``, optional
+          (sources, targets), optional graph (an
+          :class:`~gnnattn.AttentionGraph` or ``edge_index`` ``[2, |E|]``), optional
           ``edge_attr`` ``[|E|, edge_dim]``, optional ``batch`` ``[|V|]``
         - **output:** ``[|V|, D]`` (``[N, D]`` for a pair); with
           ``return_attention_weights=True`` also
@@ -172,7 +88,8 @@ class SelfAttentionConv(MessagePassing):
         >>> x = torch.randn(5, 8)
         >>> layer(x).shape
         torch.Size([5, 8])
-        >>> out, (ei, alpha) = layer(x, causal_graph(5), return_attention_weights=True)
+        >>> graph = AttentionGraph.causal(5)  # build once, pass to every call
+        >>> out, (ei, alpha) = layer(x, graph, return_attention_weights=True)
         >>> alpha.shape
         torch.Size([15, 2])
         >>> conv = SelfAttentionConv(8, num_heads=2, edge_dim=3)
@@ -196,21 +113,15 @@ class SelfAttentionConv(MessagePassing):
         edge_value: bool = False,
     ) -> None:
         super().__init__(aggr="add", node_dim=0)
-        if isinstance(embed_dim, bool) or not isinstance(embed_dim, int) or embed_dim <= 0:
-            raise ValueError(f"Expected 'embed_dim' to be a positive int, got {embed_dim!r}")
-        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
-            raise ValueError(f"Expected 'num_heads' to be a positive int, got {num_heads!r}")
+        check_int(embed_dim, "embed_dim", min=1)
+        check_int(num_heads, "num_heads", min=1)
         if embed_dim % num_heads:
             raise ValueError(
                 f"Expected 'embed_dim' divisible by 'num_heads', got embed_dim={embed_dim} "
                 f"and num_heads={num_heads} (head dim would be {embed_dim / num_heads:g})"
             )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"Expected 'dropout' in [0, 1), got {dropout}")
-        if edge_dim is not None and (
-            isinstance(edge_dim, bool) or not isinstance(edge_dim, int) or edge_dim <= 0
-        ):
-            raise ValueError(f"Expected 'edge_dim' to be a positive int or None, got {edge_dim!r}")
+        check_float(dropout, "dropout", lo=0.0, hi=1.0)
+        check_int(edge_dim, "edge_dim", min=1, optional=True)
         if edge_value and edge_dim is None:
             raise ValueError(
                 "Expected 'edge_dim' with edge_value=True (the width of edge_attr), got None"
@@ -256,7 +167,7 @@ class SelfAttentionConv(MessagePassing):
     def forward(
         self,
         x: Tensor | tuple[Tensor, Tensor],
-        edge_index: Tensor | None = None,
+        edge_index: GraphLike | None = None,
         edge_attr: Tensor | None = None,
         *,
         batch: Tensor | None = None,
@@ -269,12 +180,15 @@ class SelfAttentionConv(MessagePassing):
                 ``(x_src [M, D], x_dst [N, D])`` for cross-attention on a
                 bipartite graph (``edge_index[0]`` indexes ``x_src``,
                 ``edge_index[1]`` indexes ``x_dst``).
-            edge_index (Tensor, optional): ``[2, |E|]``, messages
-                ``edge_index[0] -> edge_index[1]``; default: the complete
-                (causal) graph, or the complete bipartite graph for a pair.
-                (default: :obj:`None`)
+            edge_index (AttentionGraph or Tensor, optional): the graph: an
+                :class:`~gnnattn.AttentionGraph` (built once, analysed once),
+                a ``[2, |E|]`` edge index (messages ``edge_index[0] ->
+                edge_index[1]``; validated and analysed on every call), a
+                ``torch_geometric.EdgeIndex`` or a ``torch.sparse`` ``adj_t``;
+                default: the complete (causal) graph, or the complete
+                bipartite graph for a pair. (default: :obj:`None`)
             edge_attr (Tensor, optional): ``[|E|, edge_dim]`` features of the
-                edges of ``edge_index``, in its order. (default: :obj:`None`)
+                edges, in the order of the given edges. (default: :obj:`None`)
             batch (Tensor, optional): sorted sequence id of every node: one
                 complete (or causal) graph per sequence; not together with
                 ``edge_index``. (default: :obj:`None`)
@@ -283,10 +197,16 @@ class SelfAttentionConv(MessagePassing):
         """
         x_src, x_dst, bipartite = self._split_x(x)
         n_src, n_dst = x_src.shape[0], x_dst.shape[0]
-        edge_attr = self._check_edge_attr(edge_attr, edge_index, x_dst)
-        graph, edge_attr, keep = self._graph(
-            n_src, n_dst, edge_index, edge_attr, batch, bipartite, x_dst.device
+        graph = as_graph(
+            edge_index,
+            num_src=n_src,
+            num_dst=n_dst,
+            device=x_dst.device,
+            batch=batch,
+            causal=self.causal,
+            bipartite=bipartite,
         )
+        edge_attr = self._check_edge_attr(edge_attr, edge_index, graph, x_dst)
         dropout_active = self.training and self.dropout > 0
 
         h, c = self.num_heads, self.head_dim
@@ -297,12 +217,6 @@ class SelfAttentionConv(MessagePassing):
             score_bias = self.lin_edge(edge_attr)  # (E, H)
             if self.lin_edge_value is not None:
                 value_edge = self.lin_edge_value(edge_attr).view(-1, h, c)  # (E, H, C)
-        if keep is not None:
-            # Edges j > i of an explicit graph under torch.compile: masked
-            # rather than pruned, which would give a data-dependent |E|.
-            mask = torch.zeros(keep.shape[0], 1, dtype=x_dst.dtype, device=x_dst.device)
-            mask = mask.masked_fill(~keep.view(-1, 1), float("-inf"))  # (E, 1)
-            score_bias = mask if score_bias is None else score_bias + mask
         backend = self._resolve(graph, x_dst.device, dropout_active, score_bias, value_edge)
 
         q = self.lin_query(x_dst).view(n_dst, h, c)  # (N, H, C)
@@ -359,7 +273,11 @@ class SelfAttentionConv(MessagePassing):
             )
 
     def _check_edge_attr(
-        self, edge_attr: Tensor | None, edge_index: Tensor | None, x: Tensor
+        self,
+        edge_attr: Tensor | None,
+        edge_index: GraphLike | None,
+        graph: AttentionGraph,
+        x: Tensor,
     ) -> Tensor | None:
         if edge_attr is None:
             if self.edge_dim is not None:
@@ -380,13 +298,11 @@ class SelfAttentionConv(MessagePassing):
                 "Expected an explicit 'edge_index' with 'edge_attr' (its rows follow the edges "
                 "of edge_index), got edge_index=None; pass e.g. complete_graph(N)"
             )
-        _check_edge_index_static(edge_index, x.device)
-        e = edge_index.shape[1]
-        if edge_attr.dim() != 2 or edge_attr.shape[0] != e or edge_attr.shape[1] != self.edge_dim:
+        if edge_attr.dim() != 2 or edge_attr.shape[1] != self.edge_dim:
             hint = " (use edge_attr.view(-1, 1))" if edge_attr.dim() == 1 else ""
             raise ValueError(
-                f"Expected 'edge_attr' of shape [{e}, {self.edge_dim}] (one row per edge of "
-                f"edge_index), got {list(edge_attr.shape)}{hint}"
+                f"Expected 'edge_attr' of shape [{graph.num_edges}, {self.edge_dim}] (one row "
+                f"per edge of edge_index), got {list(edge_attr.shape)}{hint}"
             )
         if not edge_attr.is_floating_point():
             raise TypeError(f"Expected 'edge_attr' of a floating dtype, got {edge_attr.dtype}")
@@ -395,74 +311,19 @@ class SelfAttentionConv(MessagePassing):
                 f"Expected 'edge_attr' on device {x.device} (the device of x), got "
                 f"{edge_attr.device}"
             )
-        return edge_attr
-
-    def _graph(
-        self,
-        n_src: int,
-        n_dst: int,
-        edge_index: Tensor | None,
-        edge_attr: Tensor | None,
-        batch: Tensor | None,
-        bipartite: bool,
-        device: torch.device,
-    ) -> tuple[Graph, Tensor | None, Tensor | None]:
-        """``(graph, edge_attr, keep)``: the graph, ``edge_attr`` pruned with it,
-        and (only under ``torch.compile``) a mask of the edges to keep."""
-        compiling = torch.compiler.is_compiling()
-        if bipartite:
-            if self.causal:
-                raise ValueError(
-                    "Expected a single 'x' with causal=True (causal order relates tokens of one "
-                    "sequence), got a pair (x_src, x_dst); give the cross-attention graph as "
-                    "edge_index instead"
-                )
-            if batch is not None:
-                raise ValueError(
-                    "Expected no 'batch' with a pair (x_src, x_dst): 'batch' builds square "
-                    "graphs; pass the cross-attention graph as 'edge_index'"
-                )
-            if edge_index is None:
-                ei = complete_bipartite_graph(n_src, n_dst, device=device)
-            else:
-                if compiling:
-                    _check_edge_index_static(edge_index, device)
-                else:
-                    check_edge_index(edge_index, n_src, n_dst, device=device)
-                ei = edge_index.long()
-            return Graph(ei, n_dst, num_src=n_src), edge_attr, None
-        if compiling and batch is None:
-            if edge_index is None:
-                return _static_graph(n_dst, self.causal, device), None, None
-            _check_edge_index_static(edge_index, device)
-            ei = edge_index.long()
-            keep = (ei[0] <= ei[1]) if self.causal else None
-            return Graph(ei, n_dst), edge_attr, keep
-        if edge_index is not None and self.causal:
-            check_edge_index(edge_index, n_src, device=device)
-            keep = edge_index[0] <= edge_index[1]
-            if not bool(keep.all()):
-                edge_index = edge_index[:, keep]
-                if edge_attr is not None:
-                    edge_attr = edge_attr[keep]
-        graph = make_graph(n_dst, edge_index, batch, causal=self.causal, device=device)
-        return graph, edge_attr, None
+        # Rows follow the given edges; a causal layer's graph may have dropped some.
+        return graph.select_edges(edge_attr)
 
     def _resolve(
         self,
-        graph: Graph,
+        graph: AttentionGraph,
         device: torch.device,
         dropout_active: bool,
         score_bias: Tensor | None,
         value_edge: Tensor | None,
     ) -> str:
-        if graph.num_src is not None and self.backend == "dense":
-            raise ValueError(
-                "backend='dense' does not do cross-attention (a pair (x_src, x_dst)); use "
-                "backend='fused', 'mp' or 'auto'"
-            )
         if value_edge is not None:
-            if self.backend in ("dense", "fused"):
+            if self.backend in ("sdpa", "fused"):
                 raise ValueError(
                     f"backend={self.backend!r} cannot add edge features to the values "
                     f"(edge_value=True); use backend='mp' or 'auto'"
@@ -483,15 +344,15 @@ class SelfAttentionConv(MessagePassing):
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        graph: Graph,
+        graph: AttentionGraph,
         backend: str,
         need_weights: bool,
         score_bias: Tensor | None = None,
         value_edge: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        if backend == "dense":
+        if backend == "sdpa":
             p = self.dropout if self.training else 0.0
-            return dense_attention(
+            return sdpa_attention(
                 q, k, v, graph, self.scale, dropout_p=p, need_weights=need_weights
             )
         if backend == "fused":
@@ -524,7 +385,7 @@ class SelfAttentionConv(MessagePassing):
         score = (query_i * key_j).sum(dim=-1) * self.scale  # (E, H)
         if score_bias is not None:
             score = score + score_bias  # (E, H)
-        alpha = _scatter_softmax(score, index, size_i if size_i is not None else 0)
+        alpha = segment_softmax(score, index, size_i if size_i is not None else 0)
         self._alpha = alpha
         alpha = F.dropout(alpha, p=self.dropout, training=self.training)
         if value_edge is not None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
-from ..ops import Graph, dense_attention, fused_attention, make_graph, resolve_backend
-from ..softmax import _scatter_softmax
-from .conv import check_backend, check_x
+from ..checks import check_float, check_x
+from ..graphs import AttentionGraph, GraphLike, as_graph
+from ..ops import check_backend, fused_attention, resolve_backend, sdpa_attention
+from ..softmax import segment_softmax
 
 __all__ = ["SimplifiedAttention"]
 
@@ -32,11 +33,12 @@ class SimplifiedAttention(MessagePassing):
             (default: ``1.0``)
         causal (bool, optional): keep only edges :math:`j \le i`.
             (default: :obj:`False`)
-        backend (str, optional): ``"auto"``, ``"mp"``, ``"dense"`` or
+        backend (str, optional): ``"auto"``, ``"mp"``, ``"sdpa"`` or
             ``"fused"``, as in :class:`SelfAttentionConv`. (default: ``"auto"``)
 
     Shapes:
-        - **input:** ``x`` ``[|V|, d]``, optional ``edge_index`` ``[2, |E|]``,
+        - **input:** ``x`` ``[|V|, d]``, optional graph (an
+          :class:`~gnnattn.AttentionGraph` or ``edge_index`` ``[2, |E|]``),
           optional ``batch`` ``[|V|]``
         - **output:** ``[|V|, d]``; with ``return_attention_weights=True`` also
           ``(edge_index [2, |E|], alpha [|E|])``
@@ -51,9 +53,7 @@ class SimplifiedAttention(MessagePassing):
 
     def __init__(self, scale: float = 1.0, *, causal: bool = False, backend: str = "auto") -> None:
         super().__init__(aggr="add", node_dim=0)
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"Expected 'scale' to be a float, got {type(scale).__name__}")
-        self.scale = float(scale)
+        self.scale = check_float(scale, "scale")
         self.causal = causal
         self.backend = check_backend(backend)
         self._alpha: Tensor | None = None
@@ -61,15 +61,22 @@ class SimplifiedAttention(MessagePassing):
     def forward(
         self,
         x: Tensor,
-        edge_index: Tensor | None = None,
+        edge_index: GraphLike | None = None,
         *,
         batch: Tensor | None = None,
         return_attention_weights: bool = False,
     ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
-        """Attend over ``edge_index`` (default: the complete or causal graph)."""
+        """Attend over ``edge_index`` (default: the complete or causal graph).
+
+        ``edge_index`` is an :class:`~gnnattn.AttentionGraph` or anything it
+        takes (see :class:`SelfAttentionConv`); ``batch`` builds one complete
+        (causal) graph per sequence instead.
+        """
         check_x(x)
         n, d = x.shape
-        graph = make_graph(n, edge_index, batch, causal=self.causal, device=x.device)
+        graph = as_graph(
+            edge_index, num_src=n, num_dst=n, device=x.device, batch=batch, causal=self.causal
+        )
         backend = resolve_backend(self.backend, graph, x.device)
         h = x.view(n, 1, d)  # (N, 1, d): one head whose q = k = v = x
         out, alpha = self._attend(h, graph, backend, return_attention_weights)
@@ -80,10 +87,10 @@ class SimplifiedAttention(MessagePassing):
         return out
 
     def _attend(
-        self, h: Tensor, graph: Graph, backend: str, need_weights: bool
+        self, h: Tensor, graph: AttentionGraph, backend: str, need_weights: bool
     ) -> tuple[Tensor, Tensor | None]:
-        if backend == "dense":
-            return dense_attention(h, h, h, graph, self.scale, need_weights=need_weights)
+        if backend == "sdpa":
+            return sdpa_attention(h, h, h, graph, self.scale, need_weights=need_weights)
         if backend == "fused":
             return fused_attention(h, h, h, graph, self.scale, need_weights=need_weights)
         out = self.propagate(graph.edge_index, x=h, size=(h.shape[0], h.shape[0]))
@@ -92,7 +99,7 @@ class SimplifiedAttention(MessagePassing):
 
     def message(self, x_i: Tensor, x_j: Tensor, index: Tensor, size_i: int | None) -> Tensor:
         omega = (x_i * x_j).sum(dim=-1) * self.scale  # (E, 1)
-        alpha = _scatter_softmax(omega, index, size_i if size_i is not None else 0)
+        alpha = segment_softmax(omega, index, size_i if size_i is not None else 0)
         self._alpha = alpha
         return x_j * alpha.unsqueeze(-1)  # (E, 1, d)
 

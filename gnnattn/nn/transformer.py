@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..graphs import causal_graph, complete_graph
+from ..checks import check_int
+from ..graphs import GraphLike, as_graph
 from .conv import SelfAttentionConv
 
 __all__ = ["GraphTransformer", "GraphTransformerLayer"]
@@ -118,8 +119,7 @@ class GraphTransformerLayer(torch.nn.Module):
     ) -> None:
         super().__init__()
         ffn_dim = 4 * embed_dim if ffn_dim is None else ffn_dim
-        if isinstance(ffn_dim, bool) or not isinstance(ffn_dim, int) or ffn_dim <= 0:
-            raise ValueError(f"Expected 'ffn_dim' to be a positive int, got {ffn_dim!r}")
+        check_int(ffn_dim, "ffn_dim", min=1)
         self.self_attn = SelfAttentionConv(
             embed_dim,
             num_heads,
@@ -157,7 +157,7 @@ class GraphTransformerLayer(torch.nn.Module):
     def forward(
         self,
         x: Tensor,
-        edge_index: Tensor | None = None,
+        edge_index: GraphLike | None = None,
         edge_attr: Tensor | None = None,
         *,
         batch: Tensor | None = None,
@@ -167,7 +167,8 @@ class GraphTransformerLayer(torch.nn.Module):
 
         Args:
             x (Tensor): ``[|V|, D]``.
-            edge_index (Tensor, optional): ``[2, |E|]``. (default: :obj:`None`)
+            edge_index (AttentionGraph or Tensor, optional): the graph, as in
+                :class:`~gnnattn.SelfAttentionConv`. (default: :obj:`None`)
             edge_attr (Tensor, optional): ``[|E|, edge_dim]``.
                 (default: :obj:`None`)
             batch (Tensor, optional): sequence id of every node, instead of
@@ -276,9 +277,10 @@ class GraphTransformer(torch.nn.Module):
     r"""A stack of :class:`GraphTransformerLayer` on one graph, with an optional final norm.
 
     Equal to :class:`torch.nn.TransformerEncoder` with the same layers (and its
-    ``norm``) on the complete graph. The graph built for ``batch`` (or the
-    given ``edge_index``) is shared by all layers, so its structure is
-    analyzed once per call.
+    ``norm``) on the complete graph. One :class:`~gnnattn.AttentionGraph`
+    (made from ``batch`` or the given ``edge_index``, or the one given) is
+    passed to every layer, so the graph is analysed once per call; build it
+    once yourself to analyse it once for good.
 
     Args:
         num_layers (int): number of blocks.
@@ -316,8 +318,7 @@ class GraphTransformer(torch.nn.Module):
         **kwargs,
     ) -> None:
         super().__init__()
-        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers <= 0:
-            raise ValueError(f"Expected 'num_layers' to be a positive int, got {num_layers!r}")
+        check_int(num_layers, "num_layers", min=1)
         self.layers = torch.nn.ModuleList(
             GraphTransformerLayer(embed_dim, num_heads, ffn_dim, dropout, **kwargs)
             for _ in range(num_layers)
@@ -353,7 +354,7 @@ class GraphTransformer(torch.nn.Module):
     def forward(
         self,
         x: Tensor,
-        edge_index: Tensor | None = None,
+        edge_index: GraphLike | None = None,
         edge_attr: Tensor | None = None,
         *,
         batch: Tensor | None = None,
@@ -363,7 +364,8 @@ class GraphTransformer(torch.nn.Module):
 
         Args:
             x (Tensor): ``[|V|, D]``.
-            edge_index (Tensor, optional): ``[2, |E|]``. (default: :obj:`None`)
+            edge_index (AttentionGraph or Tensor, optional): the graph, as in
+                :class:`~gnnattn.SelfAttentionConv`. (default: :obj:`None`)
             edge_attr (Tensor, optional): ``[|E|, edge_dim]``, used by every
                 block. (default: :obj:`None`)
             batch (Tensor, optional): sequence id of every node, instead of
@@ -371,26 +373,21 @@ class GraphTransformer(torch.nn.Module):
             return_attention_weights (bool, optional): also return one
                 ``(edge_index, alpha [|E|, H])`` per block. (default: :obj:`False`)
         """
-        if edge_index is None and batch is not None and not torch.compiler.is_compiling():
-            # Build the graph once; the layers then hit the analysis cache.
-            if isinstance(batch, Tensor) and batch.shape != (x.shape[0],):
-                raise ValueError(
-                    f"Expected 'batch' of shape [{x.shape[0]}] (one id per row of x), got "
-                    f"{list(batch.shape)}"
-                )
-            if isinstance(batch, Tensor) and batch.device != x.device:
-                raise ValueError(f"Expected 'batch' on device {x.device}, got {batch.device}")
-            build = causal_graph if self.causal else complete_graph
-            edge_index, batch = build(batch=batch), None
+        # One graph object for every block: built (validated, pruned, analysed)
+        # once per call, whatever form the graph came in.
+        graph = as_graph(
+            edge_index,
+            num_src=x.shape[0],
+            num_dst=x.shape[0],
+            device=x.device,
+            batch=batch,
+            causal=self.causal,
+        )
+        if edge_attr is not None:
+            edge_attr = graph.select_edges(edge_attr)
         weights: list[tuple[Tensor, Tensor]] = []
         for layer in self.layers:
-            res = layer(
-                x,
-                edge_index,
-                edge_attr,
-                batch=batch,
-                return_attention_weights=return_attention_weights,
-            )
+            res = layer(x, graph, edge_attr, return_attention_weights=return_attention_weights)
             if isinstance(res, tuple):
                 x, w = res
                 weights.append(w)

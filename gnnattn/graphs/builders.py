@@ -1,4 +1,4 @@
-r"""Edge sets for attention: complete, causal, sliding-window and batched graphs.
+r"""Edge sets for attention: complete, causal, sliding-window, bipartite and batched graphs.
 
 PyG's convention throughout: ``edge_index[0]`` is the source :math:`j` (the
 sender), ``edge_index[1]`` the target :math:`i` (the receiver); messages flow
@@ -8,28 +8,29 @@ weights of target :math:`i`, so ``mask[i, j]`` is true iff the edge
 :math:`j \to i` exists.
 
 Every builder returns int64 edges sorted by target, then source, so CSR
-pointers (:func:`to_csr`) come for free. All index arithmetic is int64: a graph
-with close to :math:`2^{31}` edges does not overflow.
+pointers come for free. All index arithmetic is int64: a graph with close to
+:math:`2^{31}` edges does not overflow. To keep what is known about a built
+graph (its structure, its CSR), wrap it in :class:`gnnattn.AttentionGraph`
+(``AttentionGraph.causal(T)`` and friends build the object directly).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch import Tensor
 
+from ..checks import check_int, check_tensor
+from .validate import check_batch, check_edge_index
+
 __all__ = [
-    "CSR",
     "causal_graph",
-    "check_edge_index",
+    "complete_bipartite_graph",
     "complete_graph",
     "edge_index_to_mask",
-    "is_sorted_by_target",
     "mask_to_edge_index",
+    "sequence_lengths",
     "sliding_window_graph",
-    "sort_by_target",
-    "to_csr",
+    "structured_edge_index",
 ]
 
 
@@ -41,25 +42,6 @@ def _as_device(device: torch.device | str | None, fallback: Tensor | None) -> to
     return torch.device("cpu")
 
 
-def _check_batch(batch: Tensor) -> Tensor:
-    if not isinstance(batch, Tensor):
-        raise TypeError(f"Expected 'batch' to be a Tensor, got {type(batch).__name__}")
-    if batch.dim() != 1:
-        raise ValueError(f"Expected 'batch' of shape [N], got {list(batch.shape)}")
-    if batch.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"Expected 'batch' of dtype torch.int64, got {batch.dtype}")
-    batch = batch.long()
-    if batch.numel() > 0:
-        if int(batch.min()) < 0:
-            raise ValueError("Expected 'batch' to hold graph ids >= 0, got a negative id")
-        if bool((batch[1:] < batch[:-1]).any()):
-            raise ValueError(
-                "Expected 'batch' to be sorted (nodes of one graph contiguous, as in a "
-                "PyG Batch), got an unsorted vector"
-            )
-    return batch
-
-
 def _sequence_layout(
     num_nodes: int | None, batch: Tensor | None, device: torch.device | str | None
 ) -> tuple[Tensor, Tensor, torch.device]:
@@ -67,17 +49,12 @@ def _sequence_layout(
     if batch is None:
         if num_nodes is None:
             raise ValueError("Expected 'num_nodes' or 'batch', got neither")
-        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int):
-            raise TypeError(f"Expected 'num_nodes' to be an int, got {type(num_nodes).__name__}")
-        if num_nodes < 0:
-            raise ValueError(f"Expected 'num_nodes' >= 0, got {num_nodes}")
+        check_int(num_nodes, "num_nodes")
         dev = _as_device(device, None)
         start = torch.zeros(num_nodes, dtype=torch.long, device=dev)
         length = torch.full((num_nodes,), num_nodes, dtype=torch.long, device=dev)
         return start, length, dev
-    batch = _check_batch(batch)
-    if num_nodes is not None and num_nodes != batch.numel():
-        raise ValueError(f"Expected 'batch' of length num_nodes={num_nodes}, got {batch.numel()}")
+    batch = check_batch(batch, num_nodes)
     dev = _as_device(device, batch)
     batch = batch.to(dev)
     if batch.numel() == 0:
@@ -212,61 +189,12 @@ def sliding_window_graph(
         tensor([[0, 1, 0, 1, 2, 1, 2],
                 [0, 0, 1, 1, 1, 2, 2]])
     """
-    if isinstance(window, bool) or not isinstance(window, int):
-        raise TypeError(f"Expected 'window' to be an int, got {type(window).__name__}")
-    if window < 0:
-        raise ValueError(f"Expected 'window' >= 0, got {window}")
+    check_int(window, "window")
     start, length, dev = _sequence_layout(num_nodes, batch, device)
     pos = torch.arange(start.numel(), device=dev) - start
     lo = (pos - window).clamp_min(0)
     hi = pos if causal else torch.minimum(pos + window, length - 1)
     return _expand(hi - lo + 1, start + lo)
-
-
-def check_edge_index(
-    edge_index: Tensor,
-    num_src: int,
-    num_dst: int | None = None,
-    *,
-    name: str = "edge_index",
-    device: torch.device | None = None,
-) -> None:
-    """Raise ``TypeError``/``ValueError`` if ``edge_index`` is not a valid edge list.
-
-    Args:
-        edge_index (Tensor): ``[2, E]`` integer tensor.
-        num_src (int): number of source nodes (ids in row 0 must be below it).
-        num_dst (int, optional): number of target nodes; defaults to ``num_src``.
-        name (str, optional): the argument name used in messages.
-        device (torch.device, optional): the device ``edge_index`` must be on.
-    """
-    num_dst = num_src if num_dst is None else num_dst
-    if not isinstance(edge_index, Tensor):
-        raise TypeError(f"Expected '{name}' to be a Tensor, got {type(edge_index).__name__}")
-    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-        raise ValueError(f"Expected '{name}' of shape [2, E], got {list(edge_index.shape)}")
-    if edge_index.dtype not in (torch.int64, torch.int32):
-        raise TypeError(
-            f"Expected '{name}' of dtype torch.int64 (or int32), got {edge_index.dtype}"
-        )
-    if device is not None and edge_index.device != device:
-        raise ValueError(
-            f"Expected '{name}' on device {device} (the device of x), got {edge_index.device}"
-        )
-    if edge_index.numel() == 0:
-        return
-    lo = int(edge_index.min())
-    if lo < 0:
-        raise ValueError(f"Expected '{name}' to hold node ids >= 0, got {lo}")
-    src_max, dst_max = int(edge_index[0].max()), int(edge_index[1].max())
-    if src_max >= num_src:
-        raise ValueError(
-            f"Expected source ids in '{name}'[0] below the number of nodes {num_src}, got {src_max}"
-        )
-    if dst_max >= num_dst:
-        raise ValueError(
-            f"Expected target ids in '{name}'[1] below the number of nodes {num_dst}, got {dst_max}"
-        )
 
 
 def edge_index_to_mask(edge_index: Tensor, num_nodes: int, num_src: int | None = None) -> Tensor:
@@ -306,8 +234,7 @@ def mask_to_edge_index(mask: Tensor) -> Tensor:
         tensor([[0, 0, 1],
                 [0, 1, 1]])
     """
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"Expected 'mask' to be a Tensor, got {type(mask).__name__}")
+    check_tensor(mask, "mask")
     if mask.dim() != 2:
         raise ValueError(f"Expected 'mask' of shape [N, N], got {list(mask.shape)}")
     # nonzero() walks row-major, that is by target i, then source j.
@@ -315,65 +242,83 @@ def mask_to_edge_index(mask: Tensor) -> Tensor:
     return torch.stack([j, i])
 
 
-def is_sorted_by_target(edge_index: Tensor) -> bool:
-    """Whether edges are sorted by target, then source (the builders' order)."""
-    if edge_index.shape[1] < 2:
-        return True
-    src, dst = edge_index[0], edge_index[1]
-    d_dst = dst[1:] - dst[:-1]
-    ok = (d_dst > 0) | ((d_dst == 0) & (src[1:] >= src[:-1]))
-    return bool(ok.all())
+def complete_bipartite_graph(
+    num_src: int, num_dst: int, *, device: torch.device | str | None = None
+) -> Tensor:
+    r"""Every target attends to every source: the edges of cross-attention.
 
-
-def sort_by_target(edge_index: Tensor, num_src: int | None = None) -> tuple[Tensor, Tensor]:
-    """Sort edges by target, then source; returns ``(sorted_edge_index, perm)``.
-
-    ``perm`` maps sorted positions to the input's: ``sorted = edge_index[:, perm]``.
-    The sort is stable, so duplicate edges keep their relative order.
-    """
-    if edge_index.shape[1] == 0:
-        return edge_index, torch.zeros(0, dtype=torch.long, device=edge_index.device)
-    src, dst = edge_index[0].long(), edge_index[1].long()
-    n_src = int(src.max()) + 1 if num_src is None else num_src
-    # One int64 key, target-major: exact as long as N_dst * N_src < 2^63.
-    perm = torch.argsort(dst * n_src + src, stable=True)
-    return edge_index[:, perm], perm
-
-
-class CSR(NamedTuple):
-    """A destination-sorted compressed sparse row view of a graph.
-
-    Attributes:
-        ptr: ``[N_dst + 1]`` int64; the incoming edges of target ``i`` are the
-            sorted positions ``ptr[i]:ptr[i+1]``.
-        col: ``[|E|]`` int64 source of each sorted edge.
-        perm: ``[|E|]`` int64, sorted position -> position in the input
-            ``edge_index`` (``None`` when the input was already sorted).
-    """
-
-    ptr: Tensor
-    col: Tensor
-    perm: Tensor | None
-
-
-def to_csr(edge_index: Tensor, num_nodes: int, num_src: int | None = None) -> CSR:
-    """Destination-sorted CSR pointers of ``edge_index``.
+    .. math::
+        \mathcal{E} = \{(j, i) : 0 \le j < M,\ 0 \le i < N\}
 
     Args:
-        edge_index (Tensor): ``[2, |E|]``, in any order.
-        num_nodes (int): number of targets.
-        num_src (int, optional): number of sources (defaults to ``num_nodes``).
+        num_src (int): number of sources :math:`M` (keys / values).
+        num_dst (int): number of targets :math:`N` (queries).
+        device (torch.device, optional): where to build the edges.
+            (default: :obj:`None`, the CPU)
+
+    Shapes:
+        - **output:** ``[2, M * N]`` int64, sorted by target then source.
 
     Example:
-        >>> to_csr(causal_graph(3), 3).ptr
-        tensor([0, 1, 3, 6])
+        >>> complete_bipartite_graph(3, 2)
+        tensor([[0, 1, 2, 0, 1, 2],
+                [0, 0, 0, 1, 1, 1]])
     """
-    num_src = num_nodes if num_src is None else num_src
-    perm: Tensor | None = None
-    if not is_sorted_by_target(edge_index):
-        edge_index, perm = sort_by_target(edge_index, num_src)
-    dst = edge_index[1].long()
-    counts = torch.bincount(dst, minlength=num_nodes) if dst.numel() else dst.new_zeros(num_nodes)
-    ptr = torch.zeros(num_nodes + 1, dtype=torch.long, device=edge_index.device)
-    torch.cumsum(counts, 0, out=ptr[1:])
-    return CSR(ptr, edge_index[0].long().contiguous(), perm)
+    check_int(num_src, "num_src")
+    check_int(num_dst, "num_dst")
+    # Sizes are functions of the arguments alone, so torch.compile traces this.
+    src = torch.arange(num_src, device=device).repeat(num_dst)  # (N * M,)
+    dst = torch.arange(num_dst, device=device).repeat_interleave(num_src)  # (N * M,)
+    return torch.stack([src, dst])
+
+
+def sequence_lengths(batch: Tensor) -> list[int]:
+    """The lengths of the sequences of a validated, sorted ``batch``, in order.
+
+    Graph ids that no node carries (gaps in a PyG batch vector) give no
+    sequence.
+
+    Example:
+        >>> sequence_lengths(torch.tensor([0, 0, 0, 2, 2]))
+        [3, 2]
+    """
+    if batch.numel() == 0:
+        return []
+    return [int(c) for c in torch.bincount(batch).tolist() if c > 0]
+
+
+def structured_edge_index(
+    kind: str, lengths: list[int] | tuple[int, ...], window: int = 0, *, device: torch.device
+) -> Tensor:
+    """The edges of one structured graph per sequence of ``lengths``, sorted by target.
+
+    ``kind`` is ``"complete"``, ``"causal"``, ``"window"`` or
+    ``"causal_window"`` (half-width ``window``). Every size here is a function
+    of the Python ints ``lengths`` alone, never of tensor values, so
+    ``torch.compile`` traces it without a graph break for complete and causal
+    graphs (the batched builders above size their output from ``batch``'s
+    values). Same edges, same order
+    as :func:`complete_graph`, :func:`causal_graph` and
+    :func:`sliding_window_graph`.
+    """
+    blocks = []
+    start = 0
+    for t in lengths:
+        if kind == "complete":
+            ei = complete_bipartite_graph(t, t, device=device)
+        elif kind == "causal":
+            dst, src = torch.tril_indices(t, t, device=device)  # row-major: by target
+            ei = torch.stack([src, dst])
+        elif kind in ("window", "causal_window"):
+            # Sized from a tensor sum: a graph break under torch.compile, but
+            # O(T w) memory rather than a T x T triangle.
+            ei = sliding_window_graph(
+                t, window=window, causal=kind == "causal_window", device=device
+            )
+        else:
+            raise AssertionError(f"unknown structure {kind!r}")
+        blocks.append(ei + start)
+        start += t
+    if not blocks:
+        return torch.zeros(2, 0, dtype=torch.long, device=device)
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)

@@ -1,0 +1,84 @@
+"""Argument checks shared by every module: one helper per kind of argument.
+
+Each raises a ``TypeError`` (wrong type) or ``ValueError`` (wrong value) that
+names the argument, what was expected and what came, as the developers' guide
+asks; nothing is silently converted. Graph arguments (``edge_index``,
+``batch``) are checked in :mod:`gnnattn.graphs.validate`, next to the graph
+object that owns them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["check_choice", "check_float", "check_int", "check_tensor", "check_x", "same_device"]
+
+
+def check_int(value: Any, name: str, *, min: int = 0, optional: bool = False) -> None:
+    """Raise unless ``value`` is an ``int`` (not a ``bool``) of at least ``min``.
+
+    Example:
+        >>> check_int(4, "num_heads", min=1)
+        >>> check_int(0, "num_heads", min=1)
+        Traceback (most recent call last):
+        ...
+        ValueError: Expected 'num_heads' to be a positive int, got 0
+    """
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        kind = "an int or None" if optional else "an int"
+        raise TypeError(f"Expected '{name}' to be {kind}, got {type(value).__name__}")
+    if value < min:
+        what = "a positive int" if min == 1 else f"an int >= {min}"
+        raise ValueError(f"Expected '{name}' to be {what}, got {value}")
+
+
+def check_float(value: Any, name: str, *, lo: float | None = None, hi: float | None = None) -> float:
+    """``value`` as a ``float``, after checking it is a real number in ``[lo, hi)``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"Expected '{name}' to be a float, got {type(value).__name__}")
+    if (lo is not None and value < lo) or (hi is not None and value >= hi):
+        raise ValueError(
+            f"Expected '{name}' in [{'-inf' if lo is None else f'{lo:g}'}, "
+            f"{'inf' if hi is None else f'{hi:g}'}), got {value}"
+        )
+    return float(value)
+
+
+def check_choice(value: Any, name: str, choices: Collection[Any], hint: str = "") -> None:
+    """Raise unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"Expected '{name}' to be one of {tuple(choices)}, got {value!r}{hint}")
+
+
+def check_tensor(value: Any, name: str) -> Tensor:
+    """Raise unless ``value`` is a ``torch.Tensor``; returns it typed as one."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"Expected '{name}' to be a Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_x(x: Any, width: int | None = None, name: str = "x") -> Tensor:
+    """Raise unless ``x`` is a floating ``[N, width]`` tensor of node features."""
+    check_tensor(x, name)
+    if x.dim() != 2:
+        raise ValueError(
+            f"Expected '{name}' of shape [N, {width if width is not None else 'F'}] "
+            f"(one row per node), got {list(x.shape)}"
+        )
+    if width is not None and x.shape[1] != width:
+        raise ValueError(f"Expected '{name}' of shape [N, {width}], got {list(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"Expected '{name}' of a floating dtype, got {x.dtype}")
+    return x
+
+
+def same_device(a: Tensor, b_device: torch.device, name: str, what: str) -> None:
+    """Raise unless ``a`` lives on ``b_device`` (``what`` says whose device that is)."""
+    if a.device != b_device:
+        raise ValueError(f"Expected '{name}' on device {b_device} ({what}), got {a.device}")

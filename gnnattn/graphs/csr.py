@@ -1,0 +1,140 @@
+"""Compressed layouts of an edge set: the destination CSR and the transposed CSR.
+
+Attention reads a graph two ways. The forward and the ``dq`` pass walk the
+incoming edges of each target: the destination-sorted CSR (``ptr``, ``col``).
+The ``dk``/``dv`` pass walks the outgoing edges of each source: the
+transposed CSR (``tptr``, ``trow``, ``tperm``), built from the CSR by one
+stable sort. :class:`gnnattn.AttentionGraph` builds each once and keeps it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "CSC",
+    "CSR",
+    "is_sorted_by_target",
+    "segment_ids",
+    "sort_by_target",
+    "to_csr",
+    "transpose_csr",
+]
+
+
+def is_sorted_by_target(edge_index: Tensor) -> bool:
+    """Whether edges are sorted by target, then source (the builders' order)."""
+    if edge_index.shape[1] < 2:
+        return True
+    src, dst = edge_index[0], edge_index[1]
+    d_dst = dst[1:] - dst[:-1]
+    ok = (d_dst > 0) | ((d_dst == 0) & (src[1:] >= src[:-1]))
+    return bool(ok.all())
+
+
+def sort_by_target(edge_index: Tensor, num_src: int | None = None) -> tuple[Tensor, Tensor]:
+    """Sort edges by target, then source; returns ``(sorted_edge_index, perm)``.
+
+    ``perm`` maps sorted positions to the input's: ``sorted = edge_index[:, perm]``.
+    The sort is stable, so duplicate edges keep their relative order.
+    """
+    if edge_index.shape[1] == 0:
+        return edge_index, torch.zeros(0, dtype=torch.long, device=edge_index.device)
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    n_src = int(src.max()) + 1 if num_src is None else num_src
+    # One int64 key, target-major: exact as long as N_dst * N_src < 2^63.
+    perm = torch.argsort(dst * n_src + src, stable=True)
+    return edge_index[:, perm], perm
+
+
+class CSR(NamedTuple):
+    """A destination-sorted compressed sparse row view of a graph.
+
+    Attributes:
+        ptr: ``[N_dst + 1]`` int64; the incoming edges of target ``i`` are the
+            sorted positions ``ptr[i]:ptr[i+1]``.
+        col: ``[|E|]`` int64 source of each sorted edge.
+        perm: ``[|E|]`` int64, sorted position -> position in the input
+            ``edge_index`` (``None`` when the input was already sorted).
+    """
+
+    ptr: Tensor
+    col: Tensor
+    perm: Tensor | None
+
+
+def to_csr(edge_index: Tensor, num_nodes: int, num_src: int | None = None) -> CSR:
+    """Destination-sorted CSR pointers of ``edge_index``.
+
+    Args:
+        edge_index (Tensor): ``[2, |E|]``, in any order.
+        num_nodes (int): number of targets.
+        num_src (int, optional): number of sources (defaults to ``num_nodes``).
+
+    Example:
+        >>> from gnnattn.graphs import causal_graph
+        >>> to_csr(causal_graph(3), 3).ptr
+        tensor([0, 1, 3, 6])
+    """
+    num_src = num_nodes if num_src is None else num_src
+    perm: Tensor | None = None
+    if not is_sorted_by_target(edge_index):
+        edge_index, perm = sort_by_target(edge_index, num_src)
+    dst = edge_index[1].long()
+    counts = torch.bincount(dst, minlength=num_nodes) if dst.numel() else dst.new_zeros(num_nodes)
+    ptr = torch.zeros(num_nodes + 1, dtype=torch.long, device=edge_index.device)
+    torch.cumsum(counts, 0, out=ptr[1:])
+    return CSR(ptr, edge_index[0].long().contiguous(), perm)
+
+
+class CSC(NamedTuple):
+    """The transposed CSR: the edges grouped by source.
+
+    Attributes:
+        ptr: ``[N_src + 1]`` int64; the outgoing edges of source ``j`` are
+            ``ptr[j]:ptr[j+1]`` in this order.
+        row: ``[|E|]`` int64 target of each of them.
+        perm: ``[|E|]`` int64 position of each of them in CSR order.
+    """
+
+    ptr: Tensor
+    row: Tensor
+    perm: Tensor
+
+
+def segment_ids(ptr: Tensor, num_edges: int | None = None) -> Tensor:
+    """The segment (target) of each CSR position, ``[E]`` int64.
+
+    Example:
+        >>> segment_ids(torch.tensor([0, 2, 2, 3]))
+        tensor([0, 0, 2])
+    """
+    n = ptr.numel() - 1
+    return torch.repeat_interleave(
+        torch.arange(n, device=ptr.device), ptr.diff(), output_size=num_edges
+    )
+
+
+def transpose_csr(ptr: Tensor, col: Tensor, num_src: int) -> CSC:
+    """The edges of a destination CSR grouped by source.
+
+    ``perm`` is a stable sort of ``col``, so within a source the edges keep
+    their target order and sums over them (the backward's ``dk``, ``dv``) have
+    a fixed order on every run.
+
+    Example:
+        >>> tptr, trow, tperm = transpose_csr(torch.tensor([0, 2, 3]), torch.tensor([1, 0, 1]), 2)
+        >>> tptr.tolist(), trow.tolist(), tperm.tolist()
+        ([0, 1, 3], [0, 0, 1], [1, 0, 2])
+    """
+    e = col.numel()
+    col = col.long()
+    tperm = torch.sort(col, stable=True).indices if e else col.new_zeros(0)
+    rows = segment_ids(ptr, e)
+    tptr = torch.zeros(num_src + 1, dtype=torch.int64, device=col.device)
+    if e:
+        torch.cumsum(torch.bincount(col, minlength=num_src), 0, out=tptr[1:])
+    return CSC(tptr, rows[tperm], tperm)

@@ -1,0 +1,624 @@
+r"""The graph object: an edge set and what is derived from it, built once, held by the caller.
+
+:class:`AttentionGraph` is to gnnattn what ``BlockMask`` is to FlexAttention
+and ``EdgeIndex`` to PyG: the caller builds it once and passes it to every
+layer and every call. It holds the edges (in the caller's order), the number
+of sources and targets, the structure (complete / causal / window / batched,
+known from the builder or detected once), and, built lazily on first use and
+then kept, the destination CSR (forward, ``dq``) and the transposed CSR
+(``dk``/``dv``). Everything derived dies with the object: there are no
+module-level caches keyed by tensor identity anywhere in gnnattn.
+
+Safety. Derived index tensors are always made outside inference mode (an
+edge set handed over as an inference tensor is copied once), so a graph first
+used under ``torch.inference_mode()`` still trains afterwards; the lazy
+builds take a lock, so threads sharing one graph build each layout once.
+
+A plain ``edge_index`` given to a layer is wrapped in a fresh graph on every
+call: validated (one pass over the edges), and analysed when a backend needs
+it (the structure detection is a few passes over the edges; a sparse graph's
+CSR is a sort). Build the graph object once to pay that once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..checks import check_int, check_tensor
+from .builders import sequence_lengths, structured_edge_index
+from .csr import CSC, CSR, segment_ids, to_csr, transpose_csr
+from .structure import Structure, detect_structure
+from .validate import check_batch, check_edge_index, check_edge_index_static
+
+__all__ = ["AttentionGraph", "GraphLike", "as_graph"]
+
+# One lock for every graph's lazy builds: builds are rare (once per graph and
+# layout) and short next to the attention that needs them, so sharing it
+# costs nothing and keeps the object free of unpicklable members.
+_BUILD_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _building() -> Iterator[None]:
+    """Where derived index tensors are made: under the lock, never as inference tensors.
+
+    Index tensors made under ``torch.inference_mode()`` cannot be saved for
+    backward later; ``inference_mode(False)`` makes ordinary tensors even when
+    the caller is in inference mode. Under ``torch.compile`` nothing is
+    stored (see :meth:`AttentionGraph._derive`), so neither is needed.
+    """
+    if torch.compiler.is_compiling():
+        yield
+        return
+    with _BUILD_LOCK, torch.inference_mode(False):
+        yield
+
+
+def _plain(edge_index: Tensor) -> Tensor:
+    """A ``torch_geometric.EdgeIndex`` (a Tensor subclass) as a plain tensor."""
+    as_tensor = getattr(edge_index, "as_tensor", None)
+    if type(edge_index) is not Tensor and callable(as_tensor):
+        return as_tensor()
+    return edge_index
+
+
+class AttentionGraph:
+    r"""An edge set for attention, with its structure and compressed layouts.
+
+    Messages flow along ``edge_index[0] -> edge_index[1]`` (source :math:`j`
+    to target :math:`i`); attention normalizes over each target's incoming
+    edges. Build one with a builder (:meth:`complete`, :meth:`causal`,
+    :meth:`window`, :meth:`bipartite`, :meth:`from_batch`: the structure is
+    known without detection and the edges are only made if a backend needs
+    them) or from any edge set:
+
+    * a ``[2, |E|]`` int64/int32 ``edge_index``;
+    * a ``torch_geometric.EdgeIndex`` (its ``sparse_size`` is checked);
+    * a ``torch.sparse`` adjacency in PyG's ``adj_t`` convention, shape
+      ``[N_dst, N_src]``, row = target, column = source, COO, CSR or CSC
+      (its values are not used: attention computes its own weights; pass
+      edge features as ``edge_attr``).
+
+    With ``causal=True`` the edges :math:`j > i` are dropped here, once
+    (:attr:`input_edges` says which of the given edges were kept).
+
+    Pass the object wherever a layer takes ``edge_index``; one object serves
+    every layer, every call, forward and backward, on the device it was moved
+    to with :meth:`to`.
+
+    Args:
+        edge_index (Tensor): the edges, as above.
+        num_nodes (int, optional): number of targets :math:`N`; defaults to
+            the adjacency's or ``EdgeIndex``'s size, else ``max id + 1``.
+            (default: :obj:`None`)
+        num_src (int, optional): number of sources :math:`M` of a bipartite
+            graph (cross-attention); default: square, :math:`M = N`.
+            (default: :obj:`None`)
+        causal (bool, optional): keep only the edges :math:`j \le i`.
+            (default: :obj:`False`)
+
+    Shapes:
+        - **edge_index:** ``[2, |E|]``; the object's :attr:`edge_index` is the
+          kept edges, ``[2, |E'|]`` int64, in the order they were given.
+        - :attr:`csr`: ``ptr [N + 1]``, ``col [|E'|]``, ``perm [|E'|]`` or
+          ``None``; :attr:`csc`: ``ptr [M + 1]``, ``row [|E'|]``,
+          ``perm [|E'|]``.
+
+    Example:
+        >>> g = AttentionGraph.causal(4)
+        >>> g
+        AttentionGraph(num_nodes=4, num_edges=10, structure=Structure('causal', lengths=[4]))
+        >>> g.csr.ptr
+        tensor([ 0,  1,  3,  6, 10])
+        >>> from gnnattn.graphs import complete_graph
+        >>> g2 = AttentionGraph(complete_graph(4), causal=True)  # pruned once, detected
+        >>> g2.structure, g2.num_edges
+        (Structure('causal', lengths=[4]), 10)
+    """
+
+    def __init__(
+        self,
+        edge_index: Tensor,
+        num_nodes: int | None = None,
+        *,
+        num_src: int | None = None,
+        causal: bool = False,
+    ) -> None:
+        check_int(num_nodes, "num_nodes", optional=True)
+        check_int(num_src, "num_src", optional=True)
+        ei, n_dst, n_src, csr = self._normalize(edge_index, num_nodes, num_src)
+        self._init(ei, n_dst, n_src if n_src is not None else n_dst, num_src is not None)
+        self._csr = csr
+        if causal:
+            self._prune_causal()
+
+    # ------------------------------------------------------------ construction
+
+    def _init(
+        self,
+        edge_index: Tensor | None,
+        num_dst: int,
+        num_src: int,
+        bipartite: bool,
+        structure: Structure | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        self._edge_index = edge_index
+        self.num_dst = num_dst
+        self.num_src = num_src
+        self.is_bipartite = bipartite
+        self._structure = structure
+        self._detected = structure is not None or bipartite
+        self._device = edge_index.device if edge_index is not None else torch.device(device or "cpu")
+        self._csr: CSR | None = None
+        self._csc: CSC | None = None
+        self._input_edges: Tensor | None = None
+        self._num_input_edges: int | None = None
+        self._is_causal = structure is not None and structure.is_causal
+        self._causal_view: AttentionGraph | None = None
+        self._bipartite_complete = False
+
+    @staticmethod
+    def _normalize(
+        edge_index: Any, num_nodes: int | None, num_src: int | None
+    ) -> tuple[Tensor, int, int | None, CSR | None]:
+        """``(edge_index [2, E] int64, num_dst, num_src, csr)`` from any accepted input."""
+        check_tensor(edge_index, "edge_index")
+        csr: CSR | None = None
+        if edge_index.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc):
+            return AttentionGraph._from_sparse(edge_index, num_nodes, num_src)
+        sizes = getattr(edge_index, "sparse_size", None)
+        edge_index = _plain(edge_index)
+        if callable(sizes):  # torch_geometric.EdgeIndex: (num_rows, num_cols) = (M, N)
+            m, n = sizes()
+            for name, given, known in (("num_src", num_src, m), ("num_nodes", num_nodes, n)):
+                if given is not None and known is not None and given != known:
+                    raise ValueError(
+                        f"Expected '{name}' equal to the EdgeIndex's sparse_size ({known}), "
+                        f"got {given}"
+                    )
+            num_nodes = num_nodes if num_nodes is not None else n
+            if num_src is None and m is not None and m != num_nodes:
+                num_src = m  # a rectangular EdgeIndex is a bipartite graph
+        ei = check_edge_index_static(edge_index)
+        if torch.compiler.is_compiling():
+            if num_nodes is None:
+                raise ValueError("Expected 'num_nodes' when building a graph under torch.compile")
+        else:
+            if num_nodes is None:
+                num_nodes = int(ei.max()) + 1 if ei.numel() else 0
+            check_edge_index(ei, num_src if num_src is not None else num_nodes, num_nodes)
+            if ei.is_inference():
+                # The caller's tensor came from inference mode: autograd could
+                # not save it later (as PyG's gathers do). One copy, once.
+                with torch.inference_mode(False):
+                    ei = ei.clone()
+        return ei.long(), num_nodes, num_src, csr
+
+    @staticmethod
+    def _from_sparse(
+        adj_t: Tensor, num_nodes: int | None, num_src: int | None
+    ) -> tuple[Tensor, int, int | None, CSR | None]:
+        if adj_t.dim() != 2:
+            raise ValueError(
+                f"Expected a sparse 'edge_index' adjacency of shape [N_dst, N_src] (PyG's "
+                f"adj_t: row = target, column = source), got {list(adj_t.shape)}"
+            )
+        n, m = int(adj_t.shape[0]), int(adj_t.shape[1])
+        for name, given, known in (("num_nodes", num_nodes, n), ("num_src", num_src, m)):
+            if given is not None and given != known:
+                raise ValueError(
+                    f"Expected '{name}' equal to the adjacency's size {known} "
+                    f"(adj_t is [N_dst, N_src]), got {given}"
+                )
+        if num_src is None and m != n:
+            raise ValueError(
+                f"Expected a square adjacency, got [{n}, {m}]; for cross-attention pass "
+                f"num_src={m}"
+            )
+        with _building():
+            csr: CSR | None = None
+            if adj_t.layout == torch.sparse_coo:
+                idx = adj_t.coalesce().indices()  # sorted by row (target), then column
+                ei = torch.stack([idx[1], idx[0]])
+            elif adj_t.layout == torch.sparse_csr:
+                ptr, col = adj_t.crow_indices().long(), adj_t.col_indices().long()
+                ei = torch.stack([col, segment_ids(ptr, col.numel())])
+                csr = CSR(ptr, col, None)
+            else:  # sparse_csc: grouped by column (source)
+                cptr, row = adj_t.ccol_indices().long(), adj_t.row_indices().long()
+                ei = torch.stack([segment_ids(cptr, row.numel()), row])
+        return ei, n, (m if num_src is not None else None), csr
+
+    @classmethod
+    def _structured(
+        cls,
+        kind: str,
+        lengths: tuple[int, ...],
+        window: int = 0,
+        device: torch.device | str | None = None,
+    ) -> AttentionGraph:
+        g = cls.__new__(cls)
+        n = sum(lengths)
+        g._init(None, n, n, False, Structure(kind, lengths, window), torch.device(device or "cpu"))
+        return g
+
+    @staticmethod
+    def _lengths(num_nodes: int | None, batch: Tensor | None) -> tuple[tuple[int, ...], Any]:
+        if batch is None:
+            if num_nodes is None:
+                raise ValueError("Expected 'num_nodes' or 'batch', got neither")
+            check_int(num_nodes, "num_nodes")
+            return ((num_nodes,) if num_nodes else ()), None
+        b = check_batch(batch, num_nodes)
+        return tuple(sequence_lengths(b)), b.device
+
+    @classmethod
+    def complete(
+        cls,
+        num_nodes: int | None = None,
+        *,
+        batch: Tensor | None = None,
+        device: torch.device | str | None = None,
+    ) -> AttentionGraph:
+        """The complete graph (self-loops included), one per sequence of ``batch``.
+
+        Example:
+            >>> AttentionGraph.complete(batch=torch.tensor([0, 0, 1])).structure
+            Structure('complete', lengths=[2, 1])
+        """
+        lengths, dev = cls._lengths(num_nodes, batch)
+        return cls._structured("complete", lengths, device=device or dev)
+
+    @classmethod
+    def causal(
+        cls,
+        num_nodes: int | None = None,
+        *,
+        batch: Tensor | None = None,
+        device: torch.device | str | None = None,
+    ) -> AttentionGraph:
+        r"""The causal graph (:math:`j \le i`), one per sequence of ``batch``."""
+        lengths, dev = cls._lengths(num_nodes, batch)
+        return cls._structured("causal", lengths, device=device or dev)
+
+    @classmethod
+    def window(
+        cls,
+        num_nodes: int | None = None,
+        *,
+        window: int,
+        causal: bool = False,
+        batch: Tensor | None = None,
+        device: torch.device | str | None = None,
+    ) -> AttentionGraph:
+        r"""The sliding window :math:`|i - j| \le w` (causal: :math:`0 \le i - j \le w`).
+
+        A window at least as wide as the sequence is the complete (causal)
+        graph, and is marked as such.
+        """
+        check_int(window, "window")
+        lengths, dev = cls._lengths(num_nodes, batch)
+        if lengths and window >= max(lengths) - 1:
+            return cls._structured("causal" if causal else "complete", lengths, device=device or dev)
+        kind = "causal_window" if causal else "window"
+        return cls._structured(kind, lengths, window, device=device or dev)
+
+    @classmethod
+    def from_batch(
+        cls, batch: Tensor, *, causal: bool = False, num_nodes: int | None = None
+    ) -> AttentionGraph:
+        """One complete (or causal) graph per sequence of a PyG ``batch`` vector."""
+        return cls.causal(num_nodes, batch=batch) if causal else cls.complete(num_nodes, batch=batch)
+
+    @classmethod
+    def bipartite(
+        cls, num_src: int, num_dst: int, *, device: torch.device | str | None = None
+    ) -> AttentionGraph:
+        """Every target attends to every source (cross-attention)."""
+        check_int(num_src, "num_src")
+        check_int(num_dst, "num_dst")
+        g = cls.__new__(cls)
+        g._init(None, num_dst, num_src, True, None, torch.device(device or "cpu"))
+        g._bipartite_complete = True
+        return g
+
+    # ------------------------------------------------------------ derived data
+
+    def _derive(self, attr: str, build: Any) -> Any:
+        """``self.<attr>``, built by ``build()`` on first use and kept.
+
+        Under ``torch.compile`` the value is traced and returned, not stored:
+        storing would mutate the object inside the compiled region (build the
+        graph's layouts before compiling, or let the region break there).
+        """
+        value = getattr(self, attr)
+        if value is not None:
+            return value
+        if torch.compiler.is_compiling():
+            return build()
+        with _building():
+            value = getattr(self, attr)
+            if value is None:
+                value = build()
+                setattr(self, attr, value)
+        return value
+
+    def _build_edge_index(self) -> Tensor:
+        if self._bipartite_complete:
+            from .builders import complete_bipartite_graph
+
+            return complete_bipartite_graph(self.num_src, self.num_dst, device=self._device)
+        s = self._structure
+        assert s is not None, "a graph without edges must have a structure"
+        return structured_edge_index(s.kind, s.lengths, s.window, device=self._device)
+
+    @property
+    def edge_index(self) -> Tensor:
+        """The edges, ``[2, |E|]`` int64, in the caller's order (built on first use)."""
+        return self._derive("_edge_index", self._build_edge_index)
+
+    @property
+    def csr(self) -> CSR:
+        """Destination-sorted CSR (``ptr``, ``col``, ``perm``), built once."""
+        return self._derive(
+            "_csr", lambda: to_csr(self.edge_index, self.num_dst, self.num_src)
+        )
+
+    @property
+    def csc(self) -> CSC:
+        """The transposed CSR (edges grouped by source), built once."""
+        return self._derive(
+            "_csc", lambda: transpose_csr(self.csr.ptr, self.csr.col, self.num_src)
+        )
+
+    @property
+    def structure(self) -> Structure | None:
+        """Complete / causal / window structure, or ``None``; detected once."""
+        if not self._detected:
+            if torch.compiler.is_compiling():
+                return None  # detection reads tensor values
+            with _building():
+                if not self._detected:
+                    s = detect_structure(self.csr, self.num_dst, self.num_src)
+                    self._structure = s
+                    self._is_causal = self._is_causal or (s is not None and s.is_causal)
+                    self._detected = True
+        return self._structure
+
+    @property
+    def num_nodes(self) -> int:
+        """The number of targets :math:`N` (rows of the attention matrix)."""
+        return self.num_dst
+
+    @property
+    def num_edges(self) -> int:
+        if self._edge_index is None:
+            if self._bipartite_complete:
+                return self.num_src * self.num_dst
+            assert self._structure is not None
+            return self._structure.num_edges
+        return int(self._edge_index.shape[1])
+
+    @property
+    def density(self) -> float:
+        """``|E| / (N M)``: how much of the dense matrix the graph fills."""
+        return self.num_edges / max(self.num_dst * self.num_src, 1)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def is_causal(self) -> bool:
+        r"""Whether every edge is :math:`j \to i` with :math:`j \le i` (known, not tested)."""
+        return self._is_causal
+
+    @property
+    def input_edges(self) -> Tensor | None:
+        """For a graph pruned with ``causal=True``: positions of the kept edges in the
+        given ``edge_index``; ``None`` when every given edge was kept."""
+        return self._input_edges
+
+    # ------------------------------------------------------------ views
+
+    def _prune_causal(self) -> None:
+        """Drop the edges :math:`j > i`, once (at construction)."""
+        ei = self._edge_index
+        assert ei is not None and not self.is_bipartite
+        if torch.compiler.is_compiling():
+            raise ValueError(
+                "Expected the causal graph to be built outside torch.compile (pruning gives a "
+                "data-dependent number of edges): build AttentionGraph(edge_index, causal=True) "
+                "before the compiled call and pass it in"
+            )
+        with _building():
+            keep = ei[0] <= ei[1]  # (E,)
+            if not bool(keep.all()):
+                idx = keep.nonzero().view(-1)  # (E',) kept positions, in order
+                self._input_edges = idx
+                self._num_input_edges = int(ei.shape[1])
+                self._edge_index = ei[:, idx]
+                self._csr = None
+        self._is_causal = True
+
+    def causal_view(self) -> AttentionGraph:
+        r"""This graph without its edges :math:`j > i`: itself if it has none, else a
+        pruned copy, made on first call and kept by this object."""
+        if self._is_causal:
+            return self
+        if self.is_bipartite:
+            raise ValueError(
+                "Expected a square graph for causal attention (causal order relates tokens "
+                "of one sequence), got a bipartite one"
+            )
+        s = self._structure
+        if s is not None:
+            # Causal pruning of a structured graph is structured again.
+            kind = "causal" if s.kind == "complete" else "causal_window"
+            if self._edge_index is None:
+                self._causal_view = self._causal_view or AttentionGraph._structured(
+                    kind, s.lengths, s.window, self._device
+                )
+                return self._causal_view
+        if self._causal_view is None:
+            with _building():
+                if self._causal_view is None:
+                    view = AttentionGraph.__new__(AttentionGraph)
+                    view._init(self.edge_index, self.num_dst, self.num_dst, False)
+                    view._prune_causal()
+                    self._causal_view = view
+        return self._causal_view
+
+    def select_edges(self, edge_attr: Tensor, name: str = "edge_attr") -> Tensor:
+        """``edge_attr`` for this graph's edges: as given when it has one row per
+        edge, or the kept rows when it follows the edges before causal pruning."""
+        e = self.num_edges
+        if edge_attr.dim() >= 1 and edge_attr.shape[0] == e:
+            return edge_attr
+        if (
+            self._input_edges is not None
+            and edge_attr.dim() >= 1
+            and edge_attr.shape[0] == self._num_input_edges
+        ):
+            return edge_attr[self._input_edges]
+        rest = "".join(f", {d}" for d in edge_attr.shape[1:])
+        before = "" if self._input_edges is None else f" (or [{self._num_input_edges}{rest}])"
+        raise ValueError(
+            f"Expected '{name}' of shape [{e}{rest}]{before} (one row per edge of the graph), "
+            f"got {list(edge_attr.shape)}"
+        )
+
+    def to(self, device: torch.device | str) -> AttentionGraph:
+        """The same graph on ``device`` (what was built moves with it)."""
+        device = torch.device(device)
+        if device == self._device:
+            return self
+        g = AttentionGraph.__new__(AttentionGraph)
+        g.__dict__.update(self.__dict__)
+        g._device = device
+
+        def move(t: Any) -> Any:
+            if t is None:
+                return None
+            if isinstance(t, tuple):
+                return type(t)(*(move(x) for x in t))
+            return t.to(device)
+
+        with _building():
+            g._edge_index = move(self._edge_index)
+            g._csr = move(self._csr)
+            g._csc = move(self._csc)
+            g._input_edges = move(self._input_edges)
+            g._causal_view = None
+        return g
+
+    def cpu(self) -> AttentionGraph:
+        return self.to("cpu")
+
+    def cuda(self, device: int | None = None) -> AttentionGraph:
+        return self.to(torch.device("cuda", device) if device is not None else "cuda")
+
+    def to_pyg(self) -> Any:
+        """The edges as a ``torch_geometric.EdgeIndex`` with its sizes (and sort order
+        when the edges are sorted by target)."""
+        from torch_geometric import EdgeIndex
+
+        sort_order = "col" if self.csr.perm is None else None
+        return EdgeIndex(
+            self.edge_index, sparse_size=(self.num_src, self.num_dst), sort_order=sort_order
+        )
+
+    def check_nodes(self, num_src: int, num_dst: int, device: torch.device) -> None:
+        """Raise unless ``x`` (``num_src`` / ``num_dst`` rows on ``device``) fits the graph."""
+        if device != self._device:
+            raise ValueError(
+                f"Expected the graph on the device of x ({device}), got {self._device}; "
+                f"move it with graph.to({str(device)!r})"
+            )
+        if num_dst != self.num_dst or num_src != self.num_src:
+            if self.is_bipartite or num_src != num_dst:
+                raise ValueError(
+                    f"Expected x with {self.num_src} source and {self.num_dst} target rows "
+                    f"(the graph's sizes), got {num_src} and {num_dst}"
+                )
+            raise ValueError(
+                f"Expected 'x' with {self.num_dst} rows (the graph's number of nodes), "
+                f"got {num_dst}"
+            )
+
+    def __repr__(self) -> str:
+        size = (
+            f"num_src={self.num_src}, num_dst={self.num_dst}"
+            if self.is_bipartite
+            else f"num_nodes={self.num_dst}"
+        )
+        struct = f", structure={self._structure!r}" if self._structure is not None else ""
+        causal = ", causal=True" if self._is_causal and self._structure is None else ""
+        return f"AttentionGraph({size}, num_edges={self.num_edges}{struct}{causal})"
+
+
+#: What layers accept as a graph.
+GraphLike = AttentionGraph | Tensor
+
+
+def as_graph(
+    graph: GraphLike | None,
+    *,
+    num_src: int,
+    num_dst: int,
+    device: torch.device,
+    batch: Tensor | None = None,
+    causal: bool = False,
+    bipartite: bool = False,
+) -> AttentionGraph:
+    """The graph a layer attends over, from its call arguments.
+
+    ``graph`` may be an :class:`AttentionGraph` (checked against ``x``, used as
+    is; with ``causal`` its :meth:`~AttentionGraph.causal_view`), any edge set
+    :class:`AttentionGraph` takes (wrapped afresh: validated, pruned, analysed
+    on this call only), or ``None``: the complete (``causal``: causal) graph,
+    one per sequence of ``batch``, or the complete bipartite graph.
+    """
+    if graph is not None and batch is not None:
+        raise ValueError(
+            "Expected either 'edge_index' or 'batch', got both: 'batch' builds one complete "
+            "(or causal) graph per sequence, 'edge_index' gives the graph itself"
+        )
+    if bipartite and causal:
+        raise ValueError(
+            "Expected a single 'x' with causal=True (causal order relates tokens of one "
+            "sequence), got a pair (x_src, x_dst); give the cross-attention graph as "
+            "edge_index instead"
+        )
+    if bipartite and batch is not None:
+        raise ValueError(
+            "Expected no 'batch' with a pair (x_src, x_dst): 'batch' builds square graphs; "
+            "pass the cross-attention graph as 'edge_index'"
+        )
+    if graph is None:
+        if bipartite:
+            return AttentionGraph.bipartite(num_src, num_dst, device=device)
+        if batch is not None:
+            check_batch(batch, num_dst, device=device)
+            return AttentionGraph.from_batch(batch, causal=causal)
+        build = AttentionGraph.causal if causal else AttentionGraph.complete
+        return build(num_dst, device=device)
+    if not isinstance(graph, AttentionGraph):
+        t = check_tensor(graph, "edge_index")
+        if t.layout == torch.strided and not torch.compiler.is_compiling():
+            check_edge_index_static(t, device=device)
+        elif t.device != device:
+            raise ValueError(f"Expected 'edge_index' on device {device} (the device of x), "
+                             f"got {t.device}")
+        graph = AttentionGraph(
+            t, num_dst, num_src=num_src if bipartite else None, causal=causal
+        )
+    graph.check_nodes(num_src, num_dst, device)
+    return graph.causal_view() if causal else graph
