@@ -356,9 +356,7 @@ def _dense_cases(cfg: BenchConfig, sizes: dict[str, Any], device: torch.device) 
 
 def _edge_index_case(cfg: BenchConfig, sizes: dict[str, Any], device: torch.device) -> Case:
     """The complete graph given as a plain ``edge_index``: structure has to be detected."""
-    from .graphs import complete_graph
-
-    from .graphs import AttentionGraph
+    from .graphs import AttentionGraph, complete_graph
 
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     t, d, h = sizes["seq"], sizes["dim"], sizes["heads"]
@@ -550,7 +548,7 @@ def _model_cases(cfg: BenchConfig, sizes: dict[str, Any], device: torch.device) 
                 note="AttentionGraph.from_batch built once",
             ),
         ],
-        list(encoder.parameters()) + list(model.parameters()),
+        [*encoder.parameters(), *model.parameters()],
         {"sequences": b, "tokens": t, "embed_dim": d, "heads": h, "layers": num_layers},
         "model",
         modes=("fwd",),

@@ -38,7 +38,9 @@ def check_int(value: Any, name: str, *, min: int = 0, optional: bool = False) ->
         raise ValueError(f"Expected '{name}' to be {what}, got {value}")
 
 
-def check_float(value: Any, name: str, *, lo: float | None = None, hi: float | None = None) -> float:
+def check_float(
+    value: Any, name: str, *, lo: float | None = None, hi: float | None = None
+) -> float:
     """``value`` as a ``float``, after checking it is a real number in ``[lo, hi)``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"Expected '{name}' to be a float, got {type(value).__name__}")

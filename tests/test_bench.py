@@ -28,9 +28,11 @@ def test_bench_quick_writes_json(tmp_path, capsys):
     names = {r["candidate"] for r in rows if r["status"] == "ok"}
     for name in (
         "gnnattn auto: layer(x)",
-        "gnnattn dense: layer(x)",
+        "gnnattn sdpa: layer(x)",
         "gnnattn mp: layer(x)",
-        "gnnattn fused: layer(x, ei)",
+        "gnnattn fused: layer(x, graph)",
+        "GraphTransformer(x, batch=batch)",
+        "layer(x, complete edge_index)",
         "F.sdpa [1,H,T,C] (+proj)",
         "PyG TransformerConv (+out proj)",
         "PyG utils.softmax(index)",

@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from gnnattn import SelfAttentionConv
-from gnnattn import complete_bipartite_graph
+from gnnattn import SelfAttentionConv, complete_bipartite_graph
 
 TOL = 1e-10
 D, H = 12, 3

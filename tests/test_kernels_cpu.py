@@ -1,6 +1,5 @@
 """The numba CPU kernels against their pure-torch references, on awkward sizes."""
 
-
 import numpy as np
 import pytest
 import torch

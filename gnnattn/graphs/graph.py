@@ -133,8 +133,7 @@ class AttentionGraph:
         check_int(num_nodes, "num_nodes", optional=True)
         check_int(num_src, "num_src", optional=True)
         ei, n_dst, n_src, csr = self._normalize(edge_index, num_nodes, num_src)
-        self._init(ei, n_dst, n_src if n_src is not None else n_dst, num_src is not None)
-        self._csr = csr
+        self._init(ei, n_dst, n_src if n_src is not None else n_dst, num_src is not None, csr=csr)
         if causal:
             self._prune_causal()
 
@@ -148,6 +147,7 @@ class AttentionGraph:
         bipartite: bool,
         structure: Structure | None = None,
         device: torch.device | None = None,
+        csr: CSR | None = None,
     ) -> None:
         self._edge_index = edge_index
         self.num_dst = num_dst
@@ -155,8 +155,10 @@ class AttentionGraph:
         self.is_bipartite = bipartite
         self._structure = structure
         self._detected = structure is not None or bipartite
-        self._device = edge_index.device if edge_index is not None else torch.device(device or "cpu")
-        self._csr: CSR | None = None
+        self._device = (
+            edge_index.device if edge_index is not None else torch.device(device or "cpu")
+        )
+        self._csr: CSR | None = csr
         self._csc: CSC | None = None
         self._input_edges: Tensor | None = None
         self._num_input_edges: int | None = None
@@ -219,8 +221,7 @@ class AttentionGraph:
                 )
         if num_src is None and m != n:
             raise ValueError(
-                f"Expected a square adjacency, got [{n}, {m}]; for cross-attention pass "
-                f"num_src={m}"
+                f"Expected a square adjacency, got [{n}, {m}]; for cross-attention pass num_src={m}"
             )
         with _building():
             csr: CSR | None = None
@@ -306,7 +307,9 @@ class AttentionGraph:
         check_int(window, "window")
         lengths, dev = cls._lengths(num_nodes, batch)
         if lengths and window >= max(lengths) - 1:
-            return cls._structured("causal" if causal else "complete", lengths, device=device or dev)
+            return cls._structured(
+                "causal" if causal else "complete", lengths, device=device or dev
+            )
         kind = "causal_window" if causal else "window"
         return cls._structured(kind, lengths, window, device=device or dev)
 
@@ -315,7 +318,9 @@ class AttentionGraph:
         cls, batch: Tensor, *, causal: bool = False, num_nodes: int | None = None
     ) -> AttentionGraph:
         """One complete (or causal) graph per sequence of a PyG ``batch`` vector."""
-        return cls.causal(num_nodes, batch=batch) if causal else cls.complete(num_nodes, batch=batch)
+        return (
+            cls.causal(num_nodes, batch=batch) if causal else cls.complete(num_nodes, batch=batch)
+        )
 
     @classmethod
     def bipartite(
@@ -367,16 +372,12 @@ class AttentionGraph:
     @property
     def csr(self) -> CSR:
         """Destination-sorted CSR (``ptr``, ``col``, ``perm``), built once."""
-        return self._derive(
-            "_csr", lambda: to_csr(self.edge_index, self.num_dst, self.num_src)
-        )
+        return self._derive("_csr", lambda: to_csr(self.edge_index, self.num_dst, self.num_src))
 
     @property
     def csc(self) -> CSC:
         """The transposed CSR (edges grouped by source), built once."""
-        return self._derive(
-            "_csc", lambda: transpose_csr(self.csr.ptr, self.csr.col, self.num_src)
-        )
+        return self._derive("_csc", lambda: transpose_csr(self.csr.ptr, self.csr.col, self.num_src))
 
     @property
     def structure(self) -> Structure | None:
@@ -615,10 +616,9 @@ def as_graph(
         if t.layout == torch.strided and not torch.compiler.is_compiling():
             check_edge_index_static(t, device=device)
         elif t.device != device:
-            raise ValueError(f"Expected 'edge_index' on device {device} (the device of x), "
-                             f"got {t.device}")
-        graph = AttentionGraph(
-            t, num_dst, num_src=num_src if bipartite else None, causal=causal
-        )
+            raise ValueError(
+                f"Expected 'edge_index' on device {device} (the device of x), got {t.device}"
+            )
+        graph = AttentionGraph(t, num_dst, num_src=num_src if bipartite else None, causal=causal)
     graph.check_nodes(num_src, num_dst, device)
     return graph.causal_view() if causal else graph

@@ -34,9 +34,7 @@ def check_edge_index_static(
     if ei.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"Expected '{name}' of dtype torch.int64 (or int32), got {ei.dtype}")
     if device is not None and ei.device != device:
-        raise ValueError(
-            f"Expected '{name}' on device {device} (the device of x), got {ei.device}"
-        )
+        raise ValueError(f"Expected '{name}' on device {device} (the device of x), got {ei.device}")
     return ei
 
 
@@ -98,10 +96,12 @@ def check_batch(
         device (torch.device, optional): the device it must be on.
 
     Example:
-        >>> check_batch(torch.tensor([0, 1, 0]))
+        >>> check_batch(torch.tensor([0, 0, 1]))
+        tensor([0, 0, 1])
+        >>> check_batch(torch.tensor([[0, 1]]))
         Traceback (most recent call last):
         ...
-        ValueError: Expected 'batch' to be sorted (nodes of one graph contiguous, as in a PyG Batch), got an unsorted vector
+        ValueError: Expected 'batch' of shape [N], got [1, 2]
     """
     b = check_tensor(batch, "batch")
     if b.dim() != 1:

@@ -557,7 +557,7 @@ def attention_bwd(
             alpha, ds.numpy(), dq.numpy(),
         )  # fmt: skip
         if csc is None:
-            csc = tuple(transpose_csr(ptr, col, m))
+            csc = transpose_csr(ptr, col, m)
         tptr, trow, tperm = (_contig(t, torch.int64) for t in csc)
         if tptr.shape[0] != m + 1 or trow.shape[0] != e or tperm.shape[0] != e:
             raise ValueError(

@@ -1,0 +1,393 @@
+"""The graph object: built once, held by the caller, safe in every mode, equal to plain edges."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import pickle
+import threading
+import weakref
+
+import pytest
+import torch
+from torch_geometric import EdgeIndex
+
+import gnnattn.graphs.graph as graph_module
+from gnnattn import (
+    AttentionGraph,
+    SelfAttentionConv,
+    SimplifiedAttention,
+    causal_graph,
+    complete_graph,
+    dense_self_attention,
+    edge_index_to_mask,
+    sliding_window_graph,
+)
+from gnnattn.graphs import Structure
+from gnnattn.nn import GraphTransformer
+
+TOL = 1e-10  # float64: only summation order differs between paths
+D, H = 8, 2
+BACKENDS = ("mp", "sdpa", "fused", "auto")
+
+
+def random_graph(n: int, e: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, n, (2, e), generator=gen)
+
+
+def layer64(**kw) -> SelfAttentionConv:
+    torch.manual_seed(0)
+    return SelfAttentionConv(D, H, **kw).double()
+
+
+# --------------------------------------------------------------------------- structure
+
+
+def test_builders_know_their_structure_without_detection(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("detect_structure called for a built graph")
+
+    monkeypatch.setattr(graph_module, "detect_structure", fail)
+    batch = torch.tensor([0, 0, 0, 1, 1, 2])
+    cases = [
+        (AttentionGraph.complete(5), Structure("complete", (5,)), complete_graph(5)),
+        (AttentionGraph.causal(5), Structure("causal", (5,)), causal_graph(5)),
+        (
+            AttentionGraph.causal(batch=batch),
+            Structure("causal", (3, 2, 1)),
+            causal_graph(batch=batch),
+        ),
+        (
+            AttentionGraph.window(7, window=2),
+            Structure("window", (7,), 2),
+            sliding_window_graph(7, window=2),
+        ),
+        (
+            AttentionGraph.window(7, window=2, causal=True, batch=torch.tensor([0] * 4 + [1] * 3)),
+            Structure("causal_window", (4, 3), 2),
+            sliding_window_graph(7, window=2, causal=True, batch=torch.tensor([0] * 4 + [1] * 3)),
+        ),
+    ]
+    for g, structure, edges in cases:
+        assert g.structure == structure
+        assert g._edge_index is None  # nothing built until a backend needs it
+        assert g.num_edges == edges.shape[1] == structure.num_edges
+        assert torch.equal(g.edge_index, edges)
+    # A window as wide as the sequence is the complete graph.
+    assert AttentionGraph.window(4, window=3).structure == Structure("complete", (4,))
+
+
+def test_explicit_edges_detected_once_and_pruned_once(monkeypatch):
+    calls = {"detect": 0, "prune": 0}
+    detect = graph_module.detect_structure
+    prune = AttentionGraph._prune_causal
+
+    def counting_detect(*args, **kwargs):
+        calls["detect"] += 1
+        return detect(*args, **kwargs)
+
+    def counting_prune(self):
+        calls["prune"] += 1
+        return prune(self)
+
+    monkeypatch.setattr(graph_module, "detect_structure", counting_detect)
+    monkeypatch.setattr(AttentionGraph, "_prune_causal", counting_prune)
+    layer = layer64(causal=True)
+    x = torch.randn(6, D, dtype=torch.float64)
+    graph = AttentionGraph(complete_graph(6))
+    outs = [layer(x, graph) for _ in range(4)]
+    assert calls["prune"] == 1  # the causal view, made once and kept by the graph
+    assert calls["detect"] == 1  # the causal view's structure, once
+    assert graph.causal_view() is graph.causal_view()
+    assert graph.causal_view().structure == Structure("causal", (6,))
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+    assert torch.allclose(outs[0], layer(x, causal_graph(6)), atol=TOL)
+    # Built with causal=True: pruned at construction, once.
+    calls["prune"] = 0
+    g = AttentionGraph(random_graph(6, 30), 6, causal=True)
+    for _ in range(3):
+        layer(x, g)
+    assert calls["prune"] == 1 and g.is_causal
+    assert bool((g.edge_index[0] <= g.edge_index[1]).all())
+
+
+def test_transposed_csr_built_once_per_graph(monkeypatch):
+    calls = []
+    transpose = graph_module.transpose_csr
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return transpose(*args, **kwargs)
+
+    monkeypatch.setattr(graph_module, "transpose_csr", counting)
+    layer = layer64(backend="fused")
+    graph = AttentionGraph(random_graph(12, 50), 12)
+    for _ in range(4):
+        x = torch.randn(12, D, dtype=torch.float64, requires_grad=True)
+        layer(x, graph).sum().backward()
+        assert x.grad is not None and torch.isfinite(x.grad).all()
+    assert len(calls) == 1
+    # A plain edge_index has no owner to keep it: built on each backward.
+    ei = random_graph(12, 50)
+    for _ in range(2):
+        layer(torch.randn(12, D, dtype=torch.float64, requires_grad=True), ei).sum().backward()
+    assert len(calls) == 3
+
+
+# --------------------------------------------------------------------------- equality
+
+
+def _weights_dense(ei: torch.Tensor, alpha: torch.Tensor, n: int) -> torch.Tensor:
+    w = torch.zeros(alpha.shape[1], n, n, dtype=alpha.dtype)
+    for h in range(alpha.shape[1]):
+        w[h].index_put_((ei[1], ei[0]), alpha[:, h], accumulate=True)
+    return w
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["complete", "causal", "window", "sparse", "shuffled"])
+def test_graph_object_equals_edge_index_equals_dense(kind, backend):
+    n = 9
+    ei = {
+        "complete": complete_graph(n),
+        "causal": causal_graph(n),
+        "window": sliding_window_graph(n, window=2),
+        "sparse": random_graph(n, 30).unique(dim=1).contiguous(),
+        "shuffled": complete_graph(n)[
+            :, torch.randperm(n * n, generator=torch.Generator().manual_seed(1))
+        ],
+    }[kind]
+    if kind == "sparse" and backend in ("sdpa",):
+        pytest.skip("a random graph has no structure for SDPA")
+    layer = layer64(backend=backend)
+    x = torch.randn(n, D, dtype=torch.float64)
+    ref = dense_self_attention(layer, x, edge_index_to_mask(ei, n))
+    results = []
+    for g in (ei, AttentionGraph(ei, n), EdgeIndex(ei, sparse_size=(n, n))):
+        xx = x.clone().requires_grad_()
+        out, (ei_out, alpha) = layer(xx, g, return_attention_weights=True)
+        assert torch.equal(ei_out, ei)  # weights come in the caller's edge order
+        (grad,) = torch.autograd.grad(out.sum(), xx)
+        results.append((out, alpha, grad))
+    for out, alpha, grad in results:
+        assert (out - ref).abs().max() < TOL
+        assert (alpha - results[0][1]).abs().max() < TOL
+        assert (grad - results[0][2]).abs().max() < TOL
+        sums = torch.zeros(n, H, dtype=alpha.dtype).index_add_(0, ei[1], alpha)
+        assert torch.allclose(sums, torch.ones_like(sums), atol=TOL)
+
+
+@pytest.mark.filterwarnings("ignore:Sparse:UserWarning")
+@pytest.mark.parametrize("layout", ["coo", "csr", "csc"])
+def test_sparse_adjacency_in_pyg_adj_t_convention(layout):
+    n = 7
+    ei = random_graph(n, 20, seed=3).unique(dim=1)
+    # adj_t: row = target, column = source.
+    adj = torch.sparse_coo_tensor(torch.stack([ei[1], ei[0]]), torch.ones(ei.shape[1]), (n, n))
+    adj = {"coo": adj, "csr": adj.to_sparse_csr(), "csc": adj.to_sparse_csc()}[layout]
+    layer = layer64(backend="mp")
+    x = torch.randn(n, D, dtype=torch.float64)
+    ref = dense_self_attention(layer, x, edge_index_to_mask(ei, n))
+    out, (ei_out, alpha) = layer(x, adj, return_attention_weights=True)
+    assert (out - ref).abs().max() < TOL
+    assert ei_out.shape == ei.shape
+    assert torch.equal(edge_index_to_mask(ei_out, n), edge_index_to_mask(ei, n))
+    graph = AttentionGraph(adj)
+    assert graph.num_nodes == n and graph.num_edges == ei.shape[1]
+    layer.backend = "fused"
+    assert (layer(x, graph) - ref).abs().max() < TOL
+
+
+def test_bipartite_graph_object_and_edge_index():
+    m, n = 5, 3
+    layer = layer64()
+    xs, xd = torch.randn(m, D, dtype=torch.float64), torch.randn(n, D, dtype=torch.float64)
+    ref = layer.to_torch()(xd[None], xs[None], xs[None])[0][0]
+    ei = torch.stack(
+        [torch.arange(m).repeat(n), torch.arange(n).repeat_interleave(m)]
+    )  # every target, every source
+    for g in (None, AttentionGraph.bipartite(m, n), AttentionGraph(ei, n, num_src=m)):
+        for backend in ("mp", "fused", "auto"):
+            layer.backend = backend
+            assert (layer((xs, xd), g) - ref).abs().max() < TOL
+    with pytest.raises(ValueError, match="5 source and 3 target rows"):
+        layer((xs[:4], xd), AttentionGraph.bipartite(m, n))
+
+
+# --------------------------------------------------------------------------- modes
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inference_mode_then_training_on_the_same_graph(backend):
+    n = 8
+    batch = torch.tensor([0] * 5 + [1] * 3)
+    layer = SelfAttentionConv(D, H, backend=backend)
+    model = GraphTransformer(2, D, H, backend=backend)
+    ei = complete_graph(n) if backend == "sdpa" else random_graph(n, 30)
+    graph = AttentionGraph(ei, n)
+    with torch.inference_mode():
+        ei_inf = ei.clone()  # an inference tensor, as users make them
+        graph_inf = AttentionGraph(ei_inf, n)
+        x = torch.randn(n, D)
+        for g in (ei, graph, ei_inf, graph_inf):
+            layer(x, g)
+            model(x, g)
+        if backend != "fused":  # batch= builds structured graphs
+            layer(x, batch=batch)
+            model(x, batch=batch)
+    x = torch.randn(n, D, requires_grad=True)
+    for g in (ei, graph, ei_inf, graph_inf):
+        layer(x, g).sum().backward()
+        model(x, g).sum().backward()
+    if backend != "fused":
+        layer(x, batch=batch).sum().backward()
+        model(x, batch=batch).sum().backward()
+    with torch.no_grad():
+        layer(x, graph)
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_graph_dies_with_its_owner():
+    layer = SelfAttentionConv(D, H)
+    x = torch.randn(10, D, requires_grad=True)
+    ei = random_graph(10, 40)
+    ref = weakref.ref(ei)
+    for backend in ("mp", "fused", "auto"):
+        layer.backend = backend
+        layer(x, ei).sum().backward()
+    del ei
+    gc.collect()
+    assert ref() is None
+    # 40 fresh graphs, used and dropped: nothing of them stays alive.
+    refs = []
+    for i in range(40):
+        e = random_graph(10, 40, seed=i)
+        g = AttentionGraph(e, 10)
+        layer(x, g).sum().backward()
+        refs += [weakref.ref(e), weakref.ref(g), weakref.ref(g.csr.col), weakref.ref(g.csc.perm)]
+        del e, g
+    gc.collect()
+    assert sum(r() is not None for r in refs) == 0
+
+
+def test_threads_on_one_layer_give_sequential_results():
+    torch.manual_seed(0)
+    layer = SelfAttentionConv(D, H).double()
+    graphs = [AttentionGraph(random_graph(30, 120, seed=i), 30) for i in range(8)]
+    plain = [random_graph(30, 120, seed=100 + i) for i in range(8)]
+    x = torch.randn(30, D, dtype=torch.float64)
+    jobs = graphs + plain + [graphs[0]] * 4  # one graph object shared by threads too
+    want = [layer(x, g) for g in jobs]
+    fresh = [AttentionGraph(random_graph(30, 120, seed=i), 30) for i in range(8)]
+    jobs_fresh = fresh + plain + [fresh[0]] * 4  # lazy builds race on fresh objects
+    got: list[torch.Tensor | None] = [None] * len(jobs)
+    errors = []
+
+    def work(i: int) -> None:
+        try:
+            xx = x.clone().requires_grad_()
+            out = layer(xx, jobs_fresh[i])
+            out.sum().backward()
+            got[i] = out.detach()
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for a, b in zip(got, want, strict=True):
+        assert a is not None and torch.equal(a, b.detach())
+
+
+def test_to_device_copy_and_pickle():
+    g = AttentionGraph(random_graph(6, 20), 6)
+    _ = g.csr, g.csc, g.structure
+    assert g.to("cpu") is g
+    meta = g.to("meta")
+    assert meta.device.type == "meta" and meta.csr.col.device.type == "meta"
+    assert meta.num_edges == g.num_edges and g.csr.col.device.type == "cpu"
+    for clone in (copy.deepcopy(g), pickle.loads(pickle.dumps(g))):
+        assert torch.equal(clone.edge_index, g.edge_index)
+        assert torch.equal(clone.csc.perm, g.csc.perm)
+    pyg = g.to_pyg()
+    assert isinstance(pyg, EdgeIndex) and pyg.sparse_size() == (6, 6)
+    assert torch.equal(AttentionGraph(pyg).edge_index, g.edge_index)
+
+
+def test_compile_with_a_graph_object_built_outside():
+    torch._dynamo.reset()
+    layer = SelfAttentionConv(D, H, backend="mp")
+    graph = AttentionGraph(random_graph(10, 40), 10)
+    x = torch.randn(10, D)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    assert (compiled(x, graph) - layer(x, graph)).abs().max() < 1e-5
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "make, exc, match",
+    [
+        (lambda: AttentionGraph(torch.tensor([[0, 1], [1, 5]]), 3), ValueError, "target ids"),
+        (lambda: AttentionGraph(torch.tensor([[0, -1], [1, 1]]), 3), ValueError, ">= 0, got -1"),
+        (
+            lambda: AttentionGraph(torch.tensor([[0.0, 1.0], [1.0, 1.0]])),
+            TypeError,
+            "dtype torch.int64",
+        ),
+        (
+            lambda: AttentionGraph(torch.zeros(3, 4, dtype=torch.long)),
+            ValueError,
+            r"shape \[2, E\], got \[3, 4\]",
+        ),
+        (lambda: AttentionGraph([[0, 1], [1, 0]]), TypeError, "'edge_index' to be a Tensor"),
+        (
+            lambda: AttentionGraph.causal(batch=torch.tensor([1, 0])),
+            ValueError,
+            "'batch' to be sorted",
+        ),
+        (
+            lambda: AttentionGraph.causal(3, batch=torch.tensor([0, 0])),
+            ValueError,
+            "'batch' of length 3",
+        ),
+        (
+            lambda: AttentionGraph(
+                torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), [], (3, 4))
+            ),
+            ValueError,
+            "square adjacency",
+        ),
+        (
+            lambda: AttentionGraph(EdgeIndex(torch.tensor([[0], [1]]), sparse_size=(3, 3)), 4),
+            ValueError,
+            "sparse_size",
+        ),
+    ],
+)
+def test_bad_graph_input(make, exc, match):
+    with pytest.raises(exc, match=match):
+        make()
+
+
+def test_graph_used_with_the_wrong_x():
+    layer = SelfAttentionConv(D, H)
+    graph = AttentionGraph(random_graph(6, 20), 6)
+    _ = graph.csr
+    before = dict(graph.__dict__)
+    with pytest.raises(ValueError, match="'x' with 6 rows"):
+        layer(torch.randn(5, D), graph)
+    with pytest.raises(ValueError, match="graph on the device of x"):
+        layer(torch.randn(6, D), graph.to("meta"))
+    with pytest.raises(ValueError, match="either 'edge_index' or 'batch'"):
+        layer(torch.randn(6, D), graph, batch=torch.zeros(6, dtype=torch.long))
+    with pytest.raises(ValueError, match="'x' with 6 rows"):
+        SimplifiedAttention()(torch.randn(7, 3), graph)
+    assert graph.__dict__.keys() == before.keys()
+    assert all(graph.__dict__[k] is v for k, v in before.items())
