@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .checks import check_int
 from .graphs import AttentionGraph
 from .nn import SelfAttentionConv
 
@@ -300,8 +301,7 @@ def compare(
     for name in names:
         if name not in _RUNNERS:
             raise ValueError(f"Expected 'candidates' among {CANDIDATES}, got {name!r}")
-    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
-        raise ValueError(f"Expected 'reps' to be an int >= 1, got {reps!r}")
+    check_int(reps, "reps", min=1)
 
     x64 = x.detach().to(device=device, dtype=torch.float64)
     grad_out = torch.randn(x64.shape, generator=gen, dtype=torch.float64).to(device)

@@ -27,6 +27,7 @@ import math
 import torch
 from torch import Tensor
 
+from .checks import check_int
 from .kernels import get as get_kernels
 from .kernels.reference import segment_max, segment_sum
 
@@ -65,9 +66,9 @@ def _check(src: Tensor, index: Tensor, num_segments: int | None, dim: int) -> tu
         raise ValueError("Expected 'index' to hold segment ids >= 0, got a negative id")
     if num_segments is None:
         num_segments = hi
-    elif isinstance(num_segments, bool) or not isinstance(num_segments, int):
-        raise TypeError(f"Expected 'num_segments' to be an int, got {type(num_segments).__name__}")
-    elif num_segments < hi:
+    else:
+        check_int(num_segments, "num_segments")
+    if num_segments < hi:
         raise ValueError(
             f"Expected 'num_segments' > every index (at least {hi}), got {num_segments}"
         )

@@ -28,6 +28,7 @@ import networkx as nx
 import torch
 from torch import Tensor
 
+from .checks import check_int
 from .graphs import check_edge_index, mask_to_edge_index
 
 __all__ = [
@@ -57,8 +58,7 @@ def _pyplot() -> Any:
 
 def _num_nodes(edge_index: Tensor, num_nodes: int | None, tokens: Any) -> int:
     if num_nodes is not None:
-        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
-            raise ValueError(f"Expected 'num_nodes' to be an int >= 0, got {num_nodes!r}")
+        check_int(num_nodes, "num_nodes")
         n = num_nodes
     else:
         n = int(edge_index.max()) + 1 if edge_index.numel() else 0
@@ -102,8 +102,7 @@ def _head_weights(alpha: Tensor, head: int | None) -> Tensor:
     h = alpha.shape[1]
     if head is None:
         return alpha.mean(dim=1)
-    if isinstance(head, bool) or not isinstance(head, int):
-        raise TypeError(f"Expected 'head' to be an int or None, got {type(head).__name__}")
+    check_int(head, "head", min=-h)
     if not -h <= head < h:
         raise ValueError(f"Expected 'head' in [0, {h}) (alpha has {h} heads), got {head}")
     return alpha[:, head]
@@ -339,8 +338,7 @@ def _filter(
     edges: list[tuple[int, int, float]], min_weight: float, top_k: int | None
 ) -> tuple[list[tuple[int, int, float]], str]:
     """The edges to draw and a legend line saying what was hidden."""
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"Expected 'top_k' to be an int >= 1 or None, got {top_k!r}")
+    check_int(top_k, "top_k", min=1, optional=True)
     if not min_weight >= 0:
         raise ValueError(f"Expected 'min_weight' >= 0, got {min_weight!r}")
     kept = [e for e in edges if e[2] >= min_weight]
@@ -572,8 +570,7 @@ def draw_attention_heads(
     edge_index, alpha, n = _check(edge_index, alpha, num_nodes, tokens)
     h = alpha.shape[1]
     ncols = min(h, 4) if ncols is None else ncols
-    if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1:
-        raise ValueError(f"Expected 'ncols' to be an int >= 1, got {ncols!r}")
+    check_int(ncols, "ncols", min=1)
     nrows = math.ceil(h / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.5 * ncols, 4.5 * nrows), squeeze=False)
     for k in range(nrows * ncols):
@@ -793,7 +790,8 @@ def softmax_steps(
             f"Expected 'query' and 'key' of one width, got {query.shape[1]} and {key.shape[1]}"
         )
     n, m = query.shape[0], key.shape[0]
-    if isinstance(target, bool) or not isinstance(target, int) or not 0 <= target < n:
+    check_int(target, "target")
+    if target >= n:
         raise ValueError(f"Expected 'target' an int in [0, {n}), got {target!r}")
     if tokens is not None and len(tokens) != m:
         raise ValueError(f"Expected 'tokens' to hold one label per key ({m}), got {len(tokens)}")

@@ -15,6 +15,9 @@ import math
 import torch
 from torch import Tensor
 
+from ..checks import check_int
+from ..graphs import check_batch
+
 __all__ = [
     "GraphPositionalEncoding",
     "LearnedPositionalEncoding",
@@ -45,18 +48,10 @@ def sequence_positions(
     """
     if batch is None:
         return torch.arange(num_nodes, device=device)
-    if not isinstance(batch, Tensor) or batch.dtype not in (torch.int64, torch.int32):
-        raise TypeError(
-            f"Expected 'batch' to be an int64 Tensor, got {getattr(batch, 'dtype', type(batch))}"
-        )
-    if batch.shape != (num_nodes,):
-        raise ValueError(f"Expected 'batch' of shape [{num_nodes}], got {list(batch.shape)}")
-    batch = batch.long()
+    batch = check_batch(batch, num_nodes)
     idx = torch.arange(num_nodes, device=batch.device)
     if num_nodes == 0:
         return idx
-    if bool((batch[1:] < batch[:-1]).any()):
-        raise ValueError("Expected 'batch' to be sorted (as in a PyG Batch), got an unsorted one")
     # The first index of each node's sequence: a running max of sequence starts.
     is_start = torch.ones_like(batch, dtype=torch.bool)
     is_start[1:] = batch[1:] != batch[:-1]
@@ -115,8 +110,7 @@ class SinusoidalPositionalEncoding(torch.nn.Module):
 
     def __init__(self, embed_dim: int, base: float = 10000.0) -> None:
         super().__init__()
-        if isinstance(embed_dim, bool) or not isinstance(embed_dim, int) or embed_dim <= 0:
-            raise ValueError(f"Expected 'embed_dim' to be a positive int, got {embed_dim!r}")
+        check_int(embed_dim, "embed_dim", min=1)
         if embed_dim % 2:
             raise ValueError(f"Expected an even 'embed_dim' (sin/cos pairs), got {embed_dim}")
         self.embed_dim = embed_dim
@@ -164,9 +158,8 @@ class LearnedPositionalEncoding(torch.nn.Module):
 
     def __init__(self, max_len: int, embed_dim: int) -> None:
         super().__init__()
-        for name, v in (("max_len", max_len), ("embed_dim", embed_dim)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"Expected '{name}' to be a positive int, got {v!r}")
+        check_int(max_len, "max_len", min=1)
+        check_int(embed_dim, "embed_dim", min=1)
         self.max_len = max_len
         self.embed_dim = embed_dim
         self.embedding = torch.nn.Embedding(max_len, embed_dim)
@@ -227,9 +220,8 @@ class GraphPositionalEncoding(torch.nn.Module):
 
     def __init__(self, pe_dim: int, embed_dim: int, *, random_sign_flip: bool = False) -> None:
         super().__init__()
-        for name, v in (("pe_dim", pe_dim), ("embed_dim", embed_dim)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"Expected '{name}' to be a positive int, got {v!r}")
+        check_int(pe_dim, "pe_dim", min=1)
+        check_int(embed_dim, "embed_dim", min=1)
         self.pe_dim = pe_dim
         self.embed_dim = embed_dim
         self.random_sign_flip = random_sign_flip
