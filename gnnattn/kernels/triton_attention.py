@@ -76,7 +76,9 @@ PTX, not that they are right or fast there).
 
 from __future__ import annotations
 
+import math
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -85,10 +87,22 @@ from torch import Tensor
 
 from ..graphs.csr import transpose_csr
 from . import reference
+from .chunks import ChunkPlan, chunk_plan
+from .triton_softmax import check_ptr
 
 __all__ = ["attention_bwd", "attention_fwd"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _load_rows(base_ptr, rows, emask, hs, hmask, W: tl.constexpr, BLOCK_W: tl.constexpr, H):
+    """Gather ``[BLOCK_E, BLOCK_H, BLOCK_W]``: all heads of the rows ``rows`` of an
+    ``[*, H, W]`` tensor, one contiguous ``H * W`` row per edge."""
+    ws = tl.arange(0, BLOCK_W)
+    mask = emask[:, None, None] & hmask[None, :, None] & (ws < W)[None, None, :]
+    offs = rows[:, None, None] * (H * W) + hs[None, :, None] * W + ws[None, None, :]
+    return tl.load(base_ptr + offs, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -99,62 +113,147 @@ def _attn_fwd(
     bias_ptr,  # [E, H] (unused unless HAS_BIAS)
     out_ptr,  # [N, H, CV]
     lse_ptr,  # [N, H] float32 (float64)
+    scale_ptr,  # [1] the scale in the accumulation dtype
     ptr_ptr,  # [N + 1] int64
     col_ptr,  # [E] int64
-    scale,
-    H,
-    C,
-    CV,
+    chunk_ptr_ptr,  # [N + 1] int64: the chunks of target i
+    chunk_seg_ptr,  # [G] int64: the target of each chunk slot (N past the end)
+    rank_ptr,  # [G] int64: where a split chunk keeps its partials
+    part_m_ptr,  # [S, H] partial max of split chunks
+    part_l_ptr,  # [S, H] partial sum of exp, relative to the partial max
+    part_acc_ptr,  # [S, H, CV] partial sum of p v
+    n_seg,
+    H: tl.constexpr,
+    C: tl.constexpr,
+    CV: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_CV: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    i = pid // H
-    h = pid % H
-    cs = tl.arange(0, BLOCK_C)
-    cvs = tl.arange(0, BLOCK_CV)
-    cmask = cs < C  # head-dim padding
-    cvmask = cvs < CV
-    start = tl.load(ptr_ptr + i)
-    end = tl.load(ptr_ptr + i + 1)
-    # scale folded into q once instead of into every score.
-    q = tl.load(q_ptr + (i * H + h) * C + cs, mask=cmask, other=0.0).to(ACC) * scale
+    c = tl.program_id(0).to(tl.int64)
+    i = tl.load(chunk_seg_ptr + c)
+    if i < n_seg:
+        c0 = tl.load(chunk_ptr_ptr + i)
+        n_chunks = tl.load(chunk_ptr_ptr + i + 1) - c0
+        start = tl.load(ptr_ptr + i) + (c - c0) * CHUNK
+        end = tl.minimum(start + CHUNK, tl.load(ptr_ptr + i + 1))
+        hs = tl.arange(0, BLOCK_H)
+        hmask = hs < H  # head padding
+        cs = tl.arange(0, BLOCK_C)
+        cvs = tl.arange(0, BLOCK_CV)
+        qmask = hmask[:, None] & (cs < C)[None, :]
+        # The scale folded into q once, in the accumulation dtype.
+        scale = tl.load(scale_ptr)
+        q = tl.load(q_ptr + i * (H * C) + hs[:, None] * C + cs[None, :], mask=qmask, other=0.0)
+        q = q.to(ACC) * scale  # (BLOCK_H, BLOCK_C)
 
-    m = tl.full([1], float("-inf"), ACC)
-    m_safe = tl.zeros([1], ACC)
-    l_sum = tl.zeros([1], ACC)
-    acc = tl.zeros([BLOCK_CV], ACC)
-    b = start
-    while b < end:
-        edges = b + tl.arange(0, BLOCK_E)
-        emask = edges < end  # the tail of the last neighbour block
-        j = tl.load(col_ptr + edges, mask=emask, other=0)
-        kmask = emask[:, None] & cmask[None, :]
-        kt = tl.load(k_ptr + (j * H + h)[:, None] * C + cs[None, :], mask=kmask, other=0.0)
-        s = tl.sum(kt.to(ACC) * q[None, :], 1)
-        if HAS_BIAS:
-            s += tl.load(bias_ptr + edges * H + h, mask=emask, other=0.0).to(ACC)
-        s = tl.where(emask, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 0))
-        # All scores so far -inf: shift by 0, so exp gives 0 and never NaN.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe)
-        corr = tl.exp(m - m_safe)  # 0 while nothing was accumulated
-        l_sum = l_sum * corr + tl.sum(p, 0)
-        vmask = emask[:, None] & cvmask[None, :]
-        vt = tl.load(v_ptr + (j * H + h)[:, None] * CV + cvs[None, :], mask=vmask, other=0.0)
-        acc = acc * corr + tl.sum(p[:, None] * vt.to(ACC), 0)
-        m = m_new
-        b += BLOCK_E
+        m = tl.full([BLOCK_H], float("-inf"), ACC)
+        m_safe = tl.zeros([BLOCK_H], ACC)
+        l_sum = tl.zeros([BLOCK_H], ACC)
+        acc = tl.zeros([BLOCK_H, BLOCK_CV], ACC)
+        b = start
+        while b < end:
+            edges = b + tl.arange(0, BLOCK_E)
+            emask = edges < end  # the tail of the last block
+            # One col load per edge serves every head; row 0 keeps masked
+            # lanes' gathers in bounds.
+            j = tl.load(col_ptr + edges, mask=emask, other=0)
+            kt = _load_rows(k_ptr, j, emask, hs, hmask, C, BLOCK_C, H).to(ACC)
+            s = tl.sum(kt * q[None, :, :], 2)  # (BLOCK_E, BLOCK_H)
+            if HAS_BIAS:
+                bmask = emask[:, None] & hmask[None, :]
+                bias = tl.load(bias_ptr + edges[:, None] * H + hs[None, :], mask=bmask, other=0.0)
+                s += bias.to(ACC)
+            s = tl.where(emask[:, None], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 0))
+            # All scores so far -inf: shift by 0, so exp gives 0 and never NaN.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(s - m_safe[None, :])  # (BLOCK_E, BLOCK_H)
+            corr = tl.exp(m - m_safe)  # 0 while nothing was accumulated
+            l_sum = l_sum * corr + tl.sum(p, 0)
+            vt = _load_rows(v_ptr, j, emask, hs, hmask, CV, BLOCK_CV, H).to(ACC)
+            acc = acc * corr[:, None] + tl.sum(p[:, :, None] * vt, 0)
+            m = m_new
+            b += BLOCK_E
 
-    has = l_sum > 0  # some finite score: else out = 0, lse = -inf
-    out = acc / tl.where(has, l_sum, 1.0)
-    tl.store(out_ptr + (i * H + h) * CV + cvs, out.to(out_ptr.dtype.element_ty), mask=cvmask)
-    lse = tl.where(has, m_safe + tl.log(tl.where(has, l_sum, 1.0)), float("-inf"))
-    tl.store(lse_ptr + pid + tl.arange(0, 1), lse)
+        omask = hmask[:, None] & (cvs < CV)[None, :]
+        if n_chunks == 1:
+            has = l_sum > 0  # some finite score: else out = 0, lse = -inf
+            out = acc / tl.where(has, l_sum, 1.0)[:, None]
+            o_offs = i * (H * CV) + hs[:, None] * CV + cvs[None, :]
+            tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=omask)
+            lse = tl.where(has, m_safe + tl.log(tl.where(has, l_sum, 1.0)), float("-inf"))
+            tl.store(lse_ptr + i * H + hs, lse, mask=hmask)
+        else:
+            # A split target: (max, sum, acc) of this chunk for the combine kernel.
+            r = tl.load(rank_ptr + c)
+            tl.store(part_m_ptr + r * H + hs, m, mask=hmask)
+            tl.store(part_l_ptr + r * H + hs, l_sum, mask=hmask)
+            p_offs = r * (H * CV) + hs[:, None] * CV + cvs[None, :]
+            tl.store(part_acc_ptr + p_offs, acc, mask=omask)
+
+
+@triton.jit
+def _attn_fwd_combine(
+    split_ptr,  # [S] int64: slots of split chunks, then the sentinel G
+    chunk_ptr_ptr,
+    chunk_seg_ptr,
+    rank_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    out_ptr,
+    lse_ptr,
+    n_slots,
+    H: tl.constexpr,
+    CV: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_CV: tl.constexpr,
+):
+    """Merge the partials of each split target, once (its first chunk's program)."""
+    slot = tl.load(split_ptr + tl.program_id(0))
+    if slot < n_slots:
+        i = tl.load(chunk_seg_ptr + slot)
+        c0 = tl.load(chunk_ptr_ptr + i)
+        if slot == c0:
+            c1 = tl.load(chunk_ptr_ptr + i + 1)
+            r0 = tl.load(rank_ptr + c0)
+            hs = tl.arange(0, BLOCK_H)
+            hmask = hs < H
+            cvs = tl.arange(0, BLOCK_CV)
+            omask = hmask[:, None] & (cvs < CV)[None, :]
+            hc = hs[:, None] * CV + cvs[None, :]
+            m = tl.full([BLOCK_H], float("-inf"), ACC)
+            l_sum = tl.zeros([BLOCK_H], ACC)
+            acc = tl.zeros([BLOCK_H, BLOCK_CV], ACC)
+            r = r0
+            while r < r0 + (c1 - c0):  # a target's chunks have consecutive ranks
+                pm = tl.load(part_m_ptr + r * H + hs, mask=hmask, other=float("-inf"))
+                pl = tl.load(part_l_ptr + r * H + hs, mask=hmask, other=0.0)
+                pa = tl.load(part_acc_ptr + r * (H * CV) + hc, mask=omask, other=0.0)
+                m_new = tl.maximum(m, pm)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                # Each partial is relative to its own safe shift (0 if all -inf,
+                # where its sums are 0 anyway).
+                pm_safe = tl.where(pm == float("-inf"), 0.0, pm)
+                m_old_safe = tl.where(m == float("-inf"), 0.0, m)
+                a_old = tl.where(m == float("-inf"), 0.0, tl.exp(m_old_safe - m_safe))
+                a_new = tl.where(pm == float("-inf"), 0.0, tl.exp(pm_safe - m_safe))
+                l_sum = l_sum * a_old + pl * a_new
+                acc = acc * a_old[:, None] + pa * a_new[:, None]
+                m = m_new
+                r += 1
+            has = l_sum > 0
+            m_safe = tl.where(m == float("-inf"), 0.0, m)
+            out = acc / tl.where(has, l_sum, 1.0)[:, None]
+            tl.store(out_ptr + i * (H * CV) + hc, out.to(out_ptr.dtype.element_ty), mask=omask)
+            lse = tl.where(has, m_safe + tl.log(tl.where(has, l_sum, 1.0)), float("-inf"))
+            tl.store(lse_ptr + i * H + hs, lse, mask=hmask)
 
 
 @triton.jit
@@ -163,66 +262,85 @@ def _attn_bwd_dq(
     k_ptr,
     v_ptr,
     bias_ptr,
-    out_ptr,
     dout_ptr,  # [N, H, CV]
     lse_ptr,
-    delta_ptr,  # [N, H] out: D = sum(dout * out), for the dk/dv kernel
+    delta_ptr,  # [N, H]: D = sum(dout * out), computed on the host
     dq_ptr,  # [N, H, C]
     dbias_ptr,  # [E, H] (unused unless HAS_BIAS)
+    scale_ptr,
     ptr_ptr,
     col_ptr,
-    scale,
-    H,
-    C,
-    CV,
+    chunk_ptr_ptr,
+    chunk_seg_ptr,
+    rank_ptr,
+    part_ptr,  # [S, H, C] partial dq of split chunks
+    n_seg,
+    H: tl.constexpr,
+    C: tl.constexpr,
+    CV: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_CV: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    i = pid // H
-    h = pid % H
-    cs = tl.arange(0, BLOCK_C)
-    cvs = tl.arange(0, BLOCK_CV)
-    cmask = cs < C
-    cvmask = cvs < CV
-    start = tl.load(ptr_ptr + i)
-    end = tl.load(ptr_ptr + i + 1)
-    q = tl.load(q_ptr + (i * H + h) * C + cs, mask=cmask, other=0.0).to(ACC) * scale
-    o_row = (i * H + h) * CV + cvs
-    do = tl.load(dout_ptr + o_row, mask=cvmask, other=0.0).to(ACC)
-    o = tl.load(out_ptr + o_row, mask=cvmask, other=0.0).to(ACC)
-    delta = tl.sum(do * o, 0)
-    tl.store(delta_ptr + pid + tl.arange(0, 1), tl.full([1], 0.0, ACC) + delta)
-    lse = tl.load(lse_ptr + pid)
-    # lse = -inf: no finite score, every weight is 0 (shift by 0, no NaN).
-    lse_safe = tl.where(lse == float("-inf"), 0.0, lse)
+    c = tl.program_id(0).to(tl.int64)
+    i = tl.load(chunk_seg_ptr + c)
+    if i < n_seg:
+        c0 = tl.load(chunk_ptr_ptr + i)
+        n_chunks = tl.load(chunk_ptr_ptr + i + 1) - c0
+        start = tl.load(ptr_ptr + i) + (c - c0) * CHUNK
+        end = tl.minimum(start + CHUNK, tl.load(ptr_ptr + i + 1))
+        hs = tl.arange(0, BLOCK_H)
+        hmask = hs < H
+        cs = tl.arange(0, BLOCK_C)
+        cvs = tl.arange(0, BLOCK_CV)
+        qmask = hmask[:, None] & (cs < C)[None, :]
+        scale = tl.load(scale_ptr)
+        q = tl.load(q_ptr + i * (H * C) + hs[:, None] * C + cs[None, :], mask=qmask, other=0.0)
+        q = q.to(ACC) * scale
+        dmask = hmask[:, None] & (cvs < CV)[None, :]
+        do = tl.load(
+            dout_ptr + i * (H * CV) + hs[:, None] * CV + cvs[None, :], mask=dmask, other=0.0
+        )
+        do = do.to(ACC)  # (BLOCK_H, BLOCK_CV)
+        delta = tl.load(delta_ptr + i * H + hs, mask=hmask, other=0.0).to(ACC)
+        lse = tl.load(lse_ptr + i * H + hs, mask=hmask, other=float("-inf")).to(ACC)
+        # lse = -inf: no finite score, every weight is 0 (shift by 0, no NaN).
+        lse_safe = tl.where(lse == float("-inf"), 0.0, lse)
 
-    dq = tl.zeros([BLOCK_C], ACC)
-    b = start
-    while b < end:
-        edges = b + tl.arange(0, BLOCK_E)
-        emask = edges < end
-        j = tl.load(col_ptr + edges, mask=emask, other=0)
-        kmask = emask[:, None] & cmask[None, :]
-        kt = tl.load(k_ptr + (j * H + h)[:, None] * C + cs[None, :], mask=kmask, other=0.0)
-        kt = kt.to(ACC)
-        s = tl.sum(kt * q[None, :], 1)
-        if HAS_BIAS:
-            s += tl.load(bias_ptr + edges * H + h, mask=emask, other=0.0).to(ACC)
-        s = tl.where(emask, s, float("-inf"))
-        alpha = tl.where(lse == float("-inf"), 0.0, tl.exp(s - lse_safe))
-        vmask = emask[:, None] & cvmask[None, :]
-        vt = tl.load(v_ptr + (j * H + h)[:, None] * CV + cvs[None, :], mask=vmask, other=0.0)
-        dalpha = tl.sum(vt.to(ACC) * do[None, :], 1)
-        ds = alpha * (dalpha - delta)
-        dq += tl.sum(ds[:, None] * kt, 0)
-        if HAS_BIAS:
-            tl.store(dbias_ptr + edges * H + h, ds.to(dbias_ptr.dtype.element_ty), mask=emask)
-        b += BLOCK_E
-    tl.store(dq_ptr + (i * H + h) * C + cs, (dq * scale).to(dq_ptr.dtype.element_ty), mask=cmask)
+        dq = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+        b = start
+        while b < end:
+            edges = b + tl.arange(0, BLOCK_E)
+            emask = edges < end
+            j = tl.load(col_ptr + edges, mask=emask, other=0)
+            kt = _load_rows(k_ptr, j, emask, hs, hmask, C, BLOCK_C, H).to(ACC)
+            s = tl.sum(kt * q[None, :, :], 2)  # (BLOCK_E, BLOCK_H)
+            bmask = emask[:, None] & hmask[None, :]
+            if HAS_BIAS:
+                bias = tl.load(bias_ptr + edges[:, None] * H + hs[None, :], mask=bmask, other=0.0)
+                s += bias.to(ACC)
+            alpha = tl.exp(s - lse_safe[None, :])
+            alpha = tl.where(bmask & (lse != float("-inf"))[None, :], alpha, 0.0)
+            vt = _load_rows(v_ptr, j, emask, hs, hmask, CV, BLOCK_CV, H).to(ACC)
+            dalpha = tl.sum(vt * do[None, :, :], 2)  # (BLOCK_E, BLOCK_H)
+            ds = alpha * (dalpha - delta[None, :])
+            dq += tl.sum(ds[:, :, None] * kt, 0)
+            if HAS_BIAS:
+                db = ds.to(dbias_ptr.dtype.element_ty)
+                tl.store(dbias_ptr + edges[:, None] * H + hs[None, :], db, mask=bmask)
+            b += BLOCK_E
+        hc = hs[:, None] * C + cs[None, :]
+        if n_chunks == 1:
+            tl.store(
+                dq_ptr + i * (H * C) + hc, (dq * scale).to(dq_ptr.dtype.element_ty), mask=qmask
+            )
+        else:
+            r = tl.load(rank_ptr + c)
+            tl.store(part_ptr + r * (H * C) + hc, dq, mask=qmask)
 
 
 @triton.jit
@@ -236,58 +354,116 @@ def _attn_bwd_dkdv(
     delta_ptr,
     dk_ptr,  # [M, H, C]
     dv_ptr,  # [M, H, CV]
+    scale_ptr,
     tptr_ptr,  # [M + 1] int64: the out-edges of source j are tptr[j]:tptr[j+1]
-    trow_ptr,  # [E] int64: their destinations
+    trow_ptr,  # [E] int64: their targets
     tperm_ptr,  # [E] int64: their positions in the CSR order (for bias)
-    scale,
-    H,
-    C,
-    CV,
+    chunk_ptr_ptr,
+    chunk_seg_ptr,
+    rank_ptr,
+    part_k_ptr,  # [S, H, C] partial dk of split chunks
+    part_v_ptr,  # [S, H, CV] partial dv
+    n_seg,
+    H: tl.constexpr,
+    C: tl.constexpr,
+    CV: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_CV: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    j = pid // H
-    h = pid % H
-    cs = tl.arange(0, BLOCK_C)
-    cvs = tl.arange(0, BLOCK_CV)
-    cmask = cs < C
-    cvmask = cvs < CV
-    start = tl.load(tptr_ptr + j)
-    end = tl.load(tptr_ptr + j + 1)
-    k = tl.load(k_ptr + (j * H + h) * C + cs, mask=cmask, other=0.0).to(ACC) * scale
-    v = tl.load(v_ptr + (j * H + h) * CV + cvs, mask=cvmask, other=0.0).to(ACC)
+    c = tl.program_id(0).to(tl.int64)
+    j = tl.load(chunk_seg_ptr + c)
+    if j < n_seg:
+        c0 = tl.load(chunk_ptr_ptr + j)
+        n_chunks = tl.load(chunk_ptr_ptr + j + 1) - c0
+        start = tl.load(tptr_ptr + j) + (c - c0) * CHUNK
+        end = tl.minimum(start + CHUNK, tl.load(tptr_ptr + j + 1))
+        hs = tl.arange(0, BLOCK_H)
+        hmask = hs < H
+        cs = tl.arange(0, BLOCK_C)
+        cvs = tl.arange(0, BLOCK_CV)
+        kmask = hmask[:, None] & (cs < C)[None, :]
+        vmask = hmask[:, None] & (cvs < CV)[None, :]
+        scale = tl.load(scale_ptr)
+        k = tl.load(k_ptr + j * (H * C) + hs[:, None] * C + cs[None, :], mask=kmask, other=0.0)
+        k = k.to(ACC) * scale
+        v = tl.load(v_ptr + j * (H * CV) + hs[:, None] * CV + cvs[None, :], mask=vmask, other=0.0)
+        v = v.to(ACC)
 
-    dk = tl.zeros([BLOCK_C], ACC)
-    dv = tl.zeros([BLOCK_CV], ACC)
-    b = start
-    while b < end:
-        t = b + tl.arange(0, BLOCK_E)
-        emask = t < end  # the tail of the last block of out-edges
-        i = tl.load(trow_ptr + t, mask=emask, other=0)  # row 0: in bounds, then masked
-        ih = i * H + h
-        qmask = emask[:, None] & cmask[None, :]
-        qt = tl.load(q_ptr + ih[:, None] * C + cs[None, :], mask=qmask, other=0.0).to(ACC)
-        s = tl.sum(qt * k[None, :], 1)
-        if HAS_BIAS:
-            e = tl.load(tperm_ptr + t, mask=emask, other=0)
-            s += tl.load(bias_ptr + e * H + h, mask=emask, other=0.0).to(ACC)
-        lse = tl.load(lse_ptr + ih, mask=emask, other=float("-inf")).to(ACC)
-        valid = emask & (lse != float("-inf"))  # lse = -inf: all weights of i are 0
-        alpha = tl.where(valid, tl.exp(s - tl.where(valid, lse, 0.0)), 0.0)
-        dmask = emask[:, None] & cvmask[None, :]
-        dot = tl.load(dout_ptr + ih[:, None] * CV + cvs[None, :], mask=dmask, other=0.0).to(ACC)
-        dv += tl.sum(alpha[:, None] * dot, 0)
-        delta = tl.load(delta_ptr + ih, mask=emask, other=0.0)
-        ds = alpha * (tl.sum(dot * v[None, :], 1) - delta)
-        dk += tl.sum(ds[:, None] * qt, 0)
-        b += BLOCK_E
-    # k was pre-scaled, so s was right; dk = scale * sum ds q.
-    tl.store(dk_ptr + (j * H + h) * C + cs, (dk * scale).to(dk_ptr.dtype.element_ty), mask=cmask)
-    tl.store(dv_ptr + (j * H + h) * CV + cvs, dv.to(dv_ptr.dtype.element_ty), mask=cvmask)
+        dk = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+        dv = tl.zeros([BLOCK_H, BLOCK_CV], ACC)
+        b = start
+        while b < end:
+            t = b + tl.arange(0, BLOCK_E)
+            emask = t < end  # the tail of the last block of out-edges
+            i = tl.load(trow_ptr + t, mask=emask, other=0)  # row 0: in bounds, then masked
+            qt = _load_rows(q_ptr, i, emask, hs, hmask, C, BLOCK_C, H).to(ACC)
+            s = tl.sum(qt * k[None, :, :], 2)  # (BLOCK_E, BLOCK_H)
+            bmask = emask[:, None] & hmask[None, :]
+            ih = i[:, None] * H + hs[None, :]
+            if HAS_BIAS:
+                e = tl.load(tperm_ptr + t, mask=emask, other=0)
+                bias = tl.load(bias_ptr + e[:, None] * H + hs[None, :], mask=bmask, other=0.0)
+                s += bias.to(ACC)
+            lse = tl.load(lse_ptr + ih, mask=bmask, other=float("-inf")).to(ACC)
+            valid = bmask & (lse != float("-inf"))  # lse = -inf: all weights of i are 0
+            alpha = tl.where(valid, tl.exp(s - tl.where(valid, lse, 0.0)), 0.0)
+            dot = _load_rows(dout_ptr, i, emask, hs, hmask, CV, BLOCK_CV, H).to(ACC)
+            dv += tl.sum(alpha[:, :, None] * dot, 0)
+            delta = tl.load(delta_ptr + ih, mask=bmask, other=0.0).to(ACC)
+            ds = alpha * (tl.sum(dot * v[None, :, :], 2) - delta)
+            dk += tl.sum(ds[:, :, None] * qt, 0)
+            b += BLOCK_E
+        hc = hs[:, None] * C + cs[None, :]
+        hcv = hs[:, None] * CV + cvs[None, :]
+        if n_chunks == 1:
+            # k was pre-scaled, so s was right; dk = scale * sum ds q.
+            dk_out = (dk * scale).to(dk_ptr.dtype.element_ty)
+            tl.store(dk_ptr + j * (H * C) + hc, dk_out, mask=kmask)
+            tl.store(dv_ptr + j * (H * CV) + hcv, dv.to(dv_ptr.dtype.element_ty), mask=vmask)
+        else:
+            r = tl.load(rank_ptr + c)
+            tl.store(part_k_ptr + r * (H * C) + hc, dk, mask=kmask)
+            tl.store(part_v_ptr + r * (H * CV) + hcv, dv, mask=vmask)
+
+
+@triton.jit
+def _sum_split_rows(
+    split_ptr,
+    chunk_ptr_ptr,
+    chunk_seg_ptr,
+    rank_ptr,
+    part_ptr,  # [S, W] partial rows of split chunks
+    out_ptr,  # [*, W]: row i gets the sum of segment i's partials, times mult
+    scale_ptr,
+    n_slots,
+    W: tl.constexpr,
+    SCALED: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    """Sum the partial rows of each split segment in chunk order (deterministic)."""
+    slot = tl.load(split_ptr + tl.program_id(0))
+    if slot < n_slots:
+        seg = tl.load(chunk_seg_ptr + slot)
+        c0 = tl.load(chunk_ptr_ptr + seg)
+        if slot == c0:
+            c1 = tl.load(chunk_ptr_ptr + seg + 1)
+            r0 = tl.load(rank_ptr + c0)
+            ws = tl.arange(0, BLOCK_W)
+            wmask = ws < W
+            total = tl.zeros([BLOCK_W], ACC)
+            r = r0
+            while r < r0 + (c1 - c0):
+                total += tl.load(part_ptr + r * W + ws, mask=wmask, other=0.0)
+                r += 1
+            if SCALED:
+                total = total * tl.load(scale_ptr)
+            tl.store(out_ptr + seg * W + ws, total.to(out_ptr.dtype.element_ty), mask=wmask)
 
 
 # --------------------------------------------------------------------------- host side
@@ -299,19 +475,43 @@ def _acc(dtype: torch.dtype) -> tuple[tl.dtype, torch.dtype]:
     return tl.float32, torch.float32
 
 
-def _block_e(num_edges: int, n: int, block_c: int, block_e: int | None) -> int:
-    if block_e is not None:
-        if block_e < 1 or block_e & (block_e - 1):
-            raise ValueError(f"Expected 'block_e' a power of two, got {block_e}")
-        return block_e
-    # A [BLOCK_E, BLOCK_C] tile of about 4096 elements on a GPU, no longer than
-    # the mean degree needs; 16 rows under the interpreter, which pays per op.
-    cap = 16 if _INTERPRET else max(16, 4096 // block_c)
-    mean = -(-num_edges // max(n, 1))
-    return min(max(triton.next_power_of_2(max(mean, 1)), 16), cap)
+class _Blocks(NamedTuple):
+    block_e: int
+    block_h: int
+    block_c: int
+    block_cv: int
+    chunk: int
+    num_warps: int
+
+
+def _blocks(
+    num_edges: int, n: int, h: int, c: int, cv: int, block_e: int | None, split_blocks: int | None
+) -> _Blocks:
+    block_h = triton.next_power_of_2(h)
+    block_c, block_cv = triton.next_power_of_2(c), triton.next_power_of_2(cv)
+    tile = block_h * max(block_c, block_cv)  # elements of one edge's gathered row
+    if block_e is None:
+        # [BLOCK_E, H, C] tiles of about 4096 elements on a GPU (the k and v
+        # tiles then fit the registers of 4 warps), no longer than the mean
+        # degree needs; 8 rows under the interpreter, which pays per op.
+        cap = 8 if _INTERPRET else max(2, 4096 // tile)
+        mean = -(-num_edges // max(n, 1))
+        block_e = min(max(triton.next_power_of_2(max(mean, 1)), 2), cap)
+    if split_blocks is None:
+        # Chunks of 256 edges or more: typical targets finish in one program,
+        # hubs are spread over many.
+        split_blocks = 8 if _INTERPRET else max(8, 256 // block_e)
+    if block_e < 1 or block_e & (block_e - 1) or split_blocks < 1:
+        raise ValueError(
+            f"Expected 'block_e' a power of two and 'split_blocks' >= 1, "
+            f"got {block_e} and {split_blocks}"
+        )
+    num_warps = 4 if block_e * tile <= 4096 else 8
+    return _Blocks(block_e, block_h, block_c, block_cv, block_e * split_blocks, num_warps)
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, ptr: Tensor, col: Tensor, bias: Tensor | None):
+    """Host-side checks: compiled kernels do not bounds-check their gathers."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(
             f"Expected 'q', 'k', 'v' of shape [N, H, C], [M, H, C], [M, H, Cv], got "
@@ -322,13 +522,35 @@ def _check(q: Tensor, k: Tensor, v: Tensor, ptr: Tensor, col: Tensor, bias: Tens
             f"Expected 'k' [M, H, C] and 'v' [M, H, Cv] with 'q' [N, H, C], got "
             f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}"
         )
+    for name, t in (("k", k), ("v", v), ("ptr", ptr), ("col", col), ("bias", bias)):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"Expected '{name}' on the device of 'q' ({q.device}), got {t.device}")
     if ptr.dtype != torch.int64 or col.dtype != torch.int64:
         raise TypeError(f"Expected 'ptr' and 'col' int64, got {ptr.dtype} and {col.dtype}")
-    if ptr.numel() != q.shape[0] + 1:
+    if ptr.dim() != 1 or ptr.numel() != q.shape[0] + 1:
         raise ValueError(f"Expected 'ptr' of shape [{q.shape[0] + 1}], got {list(ptr.shape)}")
+    if col.dim() != 1:
+        raise ValueError(f"Expected 'col' of shape [E], got {list(col.shape)}")
     if bias is not None and tuple(bias.shape) != (col.numel(), q.shape[1]):
         raise ValueError(
             f"Expected 'bias' of shape [{col.numel()}, {q.shape[1]}], got {list(bias.shape)}"
+        )
+    check_ptr(ptr, col.numel())
+    _check_ids(col, k.shape[0], "col")
+
+
+def _check_ids(ids: Tensor, bound: int, name: str) -> None:
+    if ids.numel():
+        lo, hi = (int(x) for x in torch.aminmax(ids))
+        if lo < 0 or hi >= bound:
+            raise ValueError(f"Expected '{name}' ids in [0, {bound}), got [{lo}, {hi}]")
+
+
+def _grid_size(slots: int) -> None:
+    if slots >= 2**31:
+        raise ValueError(
+            f"Expected fewer than 2**31 work slots (targets + edges / chunk), got {slots}; "
+            f"pass a larger split_blocks"
         )
 
 
@@ -342,6 +564,7 @@ def attention_fwd(
     bias: Tensor | None = None,
     *,
     block_e: int | None = None,
+    split_blocks: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Sparse attention over a destination-sorted CSR graph (one fused kernel).
 
@@ -353,50 +576,68 @@ def attention_fwd(
         col: ``[E]`` int64 source of each edge.
         scale: multiplies ``q . k``.
         bias: optional ``[E, H]`` additive score bias (``-inf`` masks an edge).
-        block_e: neighbours per block (a power of two); default from the mean
-            degree.
+        block_e: edges per tile (a power of two); default from the mean degree.
+        split_blocks: a target with more than ``block_e * split_blocks`` edges
+            is split across programs whose partials are merged.
 
     Returns:
         ``out`` ``[N, H, Cv]`` in ``q``'s dtype and ``lse`` ``[N, H]`` float32
-        (``-inf`` where the target has no finite score).
+        (float64 for float64; ``-inf`` where the target has no finite score).
+
+    Raises:
+        ValueError: on shapes that do not fit, another device, ``ptr`` that
+            does not describe ``E`` edges or ``col`` ids out of range.
     """
     _check(q, k, v, ptr, col, bias)
     n, h, c = q.shape
     cv = v.shape[2]
+    e = col.numel()
     acc_tl, acc_t = _acc(q.dtype)
     out = torch.empty((n, h, cv), dtype=q.dtype, device=q.device)
     lse = torch.empty((n, h), dtype=acc_t, device=q.device)
     if n * h == 0:
         return out, lse
-    if col.numel() == 0:  # no edges: zero outputs, lse = -inf (no launch needed)
+    if e == 0:  # no edges: zero outputs, lse = -inf (no launch needed)
         return out.zero_(), lse.fill_(float("-inf"))
     if c == 0 or cv == 0:  # degenerate head dims: nothing to fuse, use the reference
         o, lse_r = reference.attention_fwd(q, k, v, ptr, col, scale, bias)
         return o, lse_r.to(acc_t)
-    block_c, block_cv = triton.next_power_of_2(max(c, 1)), triton.next_power_of_2(max(cv, 1))
-    be = _block_e(col.numel(), n, max(block_c, block_cv), block_e)
+    blk = _blocks(e, n, h, c, cv, block_e, split_blocks)
+    ptr = ptr.contiguous()
+    plan = chunk_plan(ptr, e, blk.chunk)
+    _grid_size(plan.grid)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     b = bias.contiguous() if bias is not None else q  # a dummy pointer, never read
-    _attn_fwd[(n * h,)](
-        q,
-        k,
-        v,
-        b,
-        out,
-        lse,
-        ptr.contiguous(),
-        col.contiguous(),
-        float(scale),
-        h,
-        c,
-        cv,
-        HAS_BIAS=bias is not None,
-        ACC=acc_tl,
-        BLOCK_E=be,
-        BLOCK_C=block_c,
-        BLOCK_CV=block_cv,
-    )
+    # A tensor, not a Python float: a float argument is passed as fp32, which
+    # would round a float64 scale.
+    scale_t = torch.full((1,), scale, dtype=acc_t, device=q.device)
+    part_m = torch.empty((plan.split_grid, h), dtype=acc_t, device=q.device)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty((plan.split_grid, h, cv), dtype=acc_t, device=q.device)
+    shape = dict(H=h, C=c, CV=cv, ACC=acc_tl)
+    blocks = dict(BLOCK_H=blk.block_h, BLOCK_CV=blk.block_cv)
+    _attn_fwd[(plan.grid,)](
+        q, k, v, b, out, lse, scale_t, ptr, col.contiguous(), plan.chunk_ptr, plan.chunk_seg,
+        plan.rank, part_m, part_l, part_acc, n, HAS_BIAS=bias is not None,
+        BLOCK_E=blk.block_e, BLOCK_C=blk.block_c, CHUNK=blk.chunk, num_warps=blk.num_warps,
+        **shape, **blocks,
+    )  # fmt: skip
+    if e > blk.chunk:  # otherwise no target can have two chunks
+        _attn_fwd_combine[(plan.split_grid,)](
+            plan.split, plan.chunk_ptr, plan.chunk_seg, plan.rank, part_m, part_l, part_acc,
+            out, lse, plan.grid, H=h, CV=cv, ACC=acc_tl, **blocks,
+        )  # fmt: skip
     return out, lse
+
+
+def _sum_split(
+    plan: ChunkPlan, part: Tensor, out: Tensor, scale_t: Tensor, scaled: bool, acc_tl: tl.dtype
+) -> None:
+    w = math.prod(part.shape[1:])
+    _sum_split_rows[(plan.split_grid,)](
+        plan.split, plan.chunk_ptr, plan.chunk_seg, plan.rank, part, out, scale_t, plan.grid,
+        W=w, SCALED=scaled, ACC=acc_tl, BLOCK_W=triton.next_power_of_2(w),
+    )  # fmt: skip
 
 
 def attention_bwd(
@@ -412,6 +653,7 @@ def attention_bwd(
     bias: Tensor | None = None,
     *,
     block_e: int | None = None,
+    split_blocks: int | None = None,
     csc: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Gradients of :func:`attention_fwd` w.r.t. ``q``, ``k``, ``v`` and ``bias``.
@@ -427,7 +669,9 @@ def attention_bwd(
         col: ``[E]`` int64 sources.
         scale: as in the forward.
         bias: the forward's ``[E, H]`` bias, or ``None``.
-        block_e: neighbours per block; default from the mean degree.
+        block_e: as in :func:`attention_fwd`.
+        split_blocks: as in :func:`attention_fwd` (targets in the ``dq``
+            pass, sources in the ``dk``/``dv`` pass).
         csc: the transposed CSR ``(tptr, trow, tperm)`` of the graph
             (:attr:`gnnattn.AttentionGraph.csc`); built here when not given.
 
@@ -439,6 +683,14 @@ def attention_bwd(
     n, h, c = q.shape
     m, cv = k.shape[0], v.shape[2]
     e = col.numel()
+    for name, t, shape in (
+        ("out", out, (n, h, cv)), ("grad_out", grad_out, (n, h, cv)), ("lse", lse, (n, h))
+    ):  # fmt: skip
+        if tuple(t.shape) != shape or t.device != q.device:
+            raise ValueError(
+                f"Expected '{name}' of shape {list(shape)} on {q.device}, got "
+                f"{list(t.shape)} on {t.device}"
+            )
     dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
     dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
     dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
@@ -450,42 +702,54 @@ def attention_bwd(
     if c == 0 or cv == 0:  # degenerate head dims: nothing to fuse
         return reference.attention_bwd(q, k, v, out, lse, grad_out, ptr, col, scale, bias)
     acc_tl, acc_t = _acc(q.dtype)
-    block_c, block_cv = triton.next_power_of_2(c), triton.next_power_of_2(cv)
-    be = _block_e(e, n, max(block_c, block_cv), block_e)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    out, grad_out = out.contiguous(), grad_out.to(q.dtype).contiguous()
+    grad_out = grad_out.to(q.dtype).contiguous()
     lse = lse.to(acc_t).contiguous()
     ptr, col = ptr.contiguous(), col.contiguous()
     b = bias.contiguous() if bias is not None else q  # dummy pointer, never read
     db = dbias if dbias is not None else q  # dummy pointer, never written
-    delta = torch.empty((n, h), dtype=acc_t, device=q.device)
-    meta = dict(
-        HAS_BIAS=bias is not None, ACC=acc_tl, BLOCK_E=be, BLOCK_C=block_c, BLOCK_CV=block_cv
-    )
-    _attn_bwd_dq[(n * h,)](
-        q, k, v, b, out, grad_out, lse, delta, dq, db, ptr, col, float(scale), h, c, cv, **meta
-    )
+    scale_t = torch.full((1,), scale, dtype=acc_t, device=q.device)
+    # D_i = sum_c dout_ic out_ic (= sum_j alpha_ij dalpha_ij): N x H numbers,
+    # one pass over out, shared by both kernels.
+    delta = (grad_out.to(acc_t) * out.to(acc_t)).sum(-1).contiguous()  # (N, H)
+    consts = dict(H=h, C=c, CV=cv, HAS_BIAS=bias is not None, ACC=acc_tl)
+
+    blk = _blocks(e, n, h, c, cv, block_e, split_blocks)
+    blocks = dict(BLOCK_E=blk.block_e, BLOCK_H=blk.block_h, BLOCK_C=blk.block_c)
+    blocks.update(BLOCK_CV=blk.block_cv, CHUNK=blk.chunk)
+    plan = chunk_plan(ptr, e, blk.chunk)
+    _grid_size(plan.grid)
+    part = torch.empty((plan.split_grid, h, c), dtype=acc_t, device=q.device)
+    _attn_bwd_dq[(plan.grid,)](
+        q, k, v, b, grad_out, lse, delta, dq, db, scale_t, ptr, col, plan.chunk_ptr,
+        plan.chunk_seg, plan.rank, part, n, num_warps=blk.num_warps, **consts, **blocks,
+    )  # fmt: skip
+    if e > blk.chunk:
+        _sum_split(plan, part, dq, scale_t, True, acc_tl)
+
     if m * h > 0:
-        tptr, trow, tperm = csc if csc is not None else transpose_csr(ptr, col, m)
-        be_t = _block_e(e, m, max(block_c, block_cv), block_e)
-        meta["BLOCK_E"] = be_t
-        _attn_bwd_dkdv[(m * h,)](
-            q,
-            k,
-            v,
-            b,
-            grad_out,
-            lse,
-            delta,
-            dk,
-            dv,
-            tptr,
-            trow,
-            tperm,
-            float(scale),
-            h,
-            c,
-            cv,
-            **meta,
-        )
+        if csc is None:
+            csc = tuple(transpose_csr(ptr, col, m))  # type: ignore[assignment]
+        assert csc is not None
+        tptr, trow, tperm = (t.contiguous() for t in csc)
+        if tptr.shape != (m + 1,) or trow.shape != (e,) or tperm.shape != (e,):
+            raise ValueError(
+                f"Expected 'csc' = transpose_csr(ptr, col, {m}), got shapes "
+                f"{[list(t.shape) for t in csc]}"
+            )
+        blk_t = _blocks(e, m, h, c, cv, block_e, split_blocks)
+        blocks = dict(BLOCK_E=blk_t.block_e, BLOCK_H=blk_t.block_h, BLOCK_C=blk_t.block_c)
+        blocks.update(BLOCK_CV=blk_t.block_cv, CHUNK=blk_t.chunk)
+        plan_t = chunk_plan(tptr, e, blk_t.chunk)
+        _grid_size(plan_t.grid)
+        part_k = torch.empty((plan_t.split_grid, h, c), dtype=acc_t, device=q.device)
+        part_v = torch.empty((plan_t.split_grid, h, cv), dtype=acc_t, device=q.device)
+        _attn_bwd_dkdv[(plan_t.grid,)](
+            q, k, v, b, grad_out, lse, delta, dk, dv, scale_t, tptr, trow, tperm,
+            plan_t.chunk_ptr, plan_t.chunk_seg, plan_t.rank, part_k, part_v, m,
+            num_warps=blk_t.num_warps, **consts, **blocks,
+        )  # fmt: skip
+        if e > blk_t.chunk:
+            _sum_split(plan_t, part_k, dk, scale_t, True, acc_tl)
+            _sum_split(plan_t, part_v, dv, scale_t, False, acc_tl)
     return dq, dk, dv, dbias

@@ -79,15 +79,18 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from .chunks import chunk_plan
+
 __all__ = [
     "bench_segment_softmax_bandwidth",
-    "chunk_plan",
+    "check_ptr",
     "segment_softmax_bwd",
     "segment_softmax_fwd",
 ]
@@ -102,103 +105,126 @@ def _softmax_fwd_chunk(
     ptr_ptr,  # [N + 1] int64 CSR pointers
     chunk_ptr_ptr,  # [N + 1] int64: the chunks of segment i are chunk_ptr[i]:chunk_ptr[i+1]
     chunk_seg_ptr,  # [G] int64: the segment of each chunk slot (N past the last chunk)
-    part_m_ptr,  # [G, H] float partial max of split segments' chunks
-    part_s_ptr,  # [G, H] float partial sum, relative to part_m
+    rank_ptr,  # [G] int64: where a split chunk keeps its partials (-1 otherwise)
+    part_m_ptr,  # [S, H] partial max of split chunks, by rank
+    part_s_ptr,  # [S, H] partial sum, relative to the partial max
     n_seg,
     H,
     ACC: tl.constexpr,  # accumulation dtype (float32, or float64 for float64 inputs)
     BLOCK_E: tl.constexpr,
     BLOCK_H: tl.constexpr,
     CHUNK: tl.constexpr,
+    SLOTS: tl.constexpr,  # chunk slots per program: small segments share a program
 ):
-    c = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H  # the head padding of BLOCK_H
-    seg = tl.load(chunk_seg_ptr + c)
-    if seg < n_seg:  # grid slots past the last chunk do nothing
-        c0 = tl.load(chunk_ptr_ptr + seg)
-        n_chunks = tl.load(chunk_ptr_ptr + seg + 1) - c0
-        start = tl.load(ptr_ptr + seg) + (c - c0) * CHUNK
-        end = tl.minimum(start + CHUNK, tl.load(ptr_ptr + seg + 1))
+    for t in tl.static_range(SLOTS):
+        c = tl.program_id(0).to(tl.int64) * SLOTS + t
+        seg = tl.load(chunk_seg_ptr + c)
+        if seg < n_seg:  # grid slots past the last chunk do nothing
+            c0 = tl.load(chunk_ptr_ptr + seg)
+            n_chunks = tl.load(chunk_ptr_ptr + seg + 1) - c0
+            start = tl.load(ptr_ptr + seg) + (c - c0) * CHUNK
+            end = tl.minimum(start + CHUNK, tl.load(ptr_ptr + seg + 1))
 
-        # First tile, kept in registers: a chunk of at most BLOCK_E rows is
-        # read from memory exactly once.
-        rows0 = start + tl.arange(0, BLOCK_E)
-        mask0 = (rows0 < end)[:, None] & hmask[None, :]  # rows of this chunk only
-        offs0 = rows0[:, None] * H + heads[None, :]
-        x0 = tl.load(x_ptr + offs0, mask=mask0, other=float("-inf")).to(ACC)
-        m = tl.max(x0, 0)
-        # Shift by 0 where the max is -inf (empty / all -inf): no -inf - -inf.
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        s = tl.sum(tl.exp(x0 - m_safe[None, :]), 0)
-        b = start + BLOCK_E
-        while b < end:  # online max/sum over the rest of the chunk
-            rows = b + tl.arange(0, BLOCK_E)
-            mask = (rows < end)[:, None] & hmask[None, :]
-            x = tl.load(
-                x_ptr + rows[:, None] * H + heads[None, :], mask=mask, other=float("-inf")
-            ).to(ACC)
-            m_new = tl.maximum(m, tl.max(x, 0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            # exp(-inf - finite) = 0: a running sum that was empty stays 0.
-            s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe[None, :]), 0)
-            m = m_new
-            b += BLOCK_E
-
-        if n_chunks == 1:
-            # The whole segment is here: normalise and write.
-            inv = 1.0 / tl.where(s > 0, s, 1.0)  # s == 0: every exp is 0 already
-            y0 = tl.exp(x0 - m_safe[None, :]) * inv[None, :]
-            tl.store(y_ptr + offs0, y0.to(y_ptr.dtype.element_ty), mask=mask0)
+            # First tile, kept in registers: a chunk of at most BLOCK_E rows is
+            # read from memory exactly once.
+            rows0 = start + tl.arange(0, BLOCK_E)
+            mask0 = (rows0 < end)[:, None] & hmask[None, :]  # rows of this chunk only
+            offs0 = rows0[:, None] * H + heads[None, :]
+            x0 = tl.load(x_ptr + offs0, mask=mask0, other=float("-inf")).to(ACC)
+            m = tl.max(x0, 0)
+            # Shift by 0 where the max is -inf (empty / all -inf): no -inf - -inf.
+            m_safe = tl.where(m == float("-inf"), 0.0, m)
+            s = tl.sum(tl.exp(x0 - m_safe[None, :]), 0)
             b = start + BLOCK_E
-            while b < end:
+            while b < end:  # online max/sum over the rest of the chunk
                 rows = b + tl.arange(0, BLOCK_E)
                 mask = (rows < end)[:, None] & hmask[None, :]
-                o = rows[:, None] * H + heads[None, :]
-                x = tl.load(x_ptr + o, mask=mask, other=float("-inf")).to(ACC)
-                y = tl.exp(x - m_safe[None, :]) * inv[None, :]
-                tl.store(y_ptr + o, y.to(y_ptr.dtype.element_ty), mask=mask)
+                x = tl.load(
+                    x_ptr + rows[:, None] * H + heads[None, :], mask=mask, other=float("-inf")
+                ).to(ACC)
+                m_new = tl.maximum(m, tl.max(x, 0))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                # exp(-inf - finite) = 0: a running sum that was empty stays 0.
+                s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe[None, :]), 0)
+                m = m_new
                 b += BLOCK_E
-        else:
-            # A split segment: leave the partials for pass 2.
-            tl.store(part_m_ptr + c * H + heads, m, mask=hmask)
-            tl.store(part_s_ptr + c * H + heads, s, mask=hmask)
+
+            if n_chunks == 1:
+                # The whole segment is here: normalise and write.
+                inv = 1.0 / tl.where(s > 0, s, 1.0)  # s == 0: every exp is 0 already
+                y0 = tl.exp(x0 - m_safe[None, :]) * inv[None, :]
+                tl.store(y_ptr + offs0, y0.to(y_ptr.dtype.element_ty), mask=mask0)
+                b = start + BLOCK_E
+                while b < end:
+                    rows = b + tl.arange(0, BLOCK_E)
+                    mask = (rows < end)[:, None] & hmask[None, :]
+                    o = rows[:, None] * H + heads[None, :]
+                    x = tl.load(x_ptr + o, mask=mask, other=float("-inf")).to(ACC)
+                    y = tl.exp(x - m_safe[None, :]) * inv[None, :]
+                    tl.store(y_ptr + o, y.to(y_ptr.dtype.element_ty), mask=mask)
+                    b += BLOCK_E
+            else:
+                # A split segment: leave the partials for the combine kernel.
+                r = tl.load(rank_ptr + c)
+                tl.store(part_m_ptr + r * H + heads, m, mask=hmask)
+                tl.store(part_s_ptr + r * H + heads, s, mask=hmask)
 
 
 @triton.jit
-def _combine_max_sum(
-    part_m_ptr,
-    part_s_ptr,
-    c0,
-    c1,
-    heads,
-    hmask,
+def _softmax_combine(
+    split_ptr,  # [S] int64: slots of split chunks, then the sentinel G
+    chunk_ptr_ptr,
+    chunk_seg_ptr,
+    rank_ptr,
+    part_a_ptr,  # [S, H] partial max (forward) or partial sum(g * y) (backward)
+    part_b_ptr,  # [S, H] partial sum relative to the max (forward; unused backward)
+    n_slots,
     H,
+    IS_MAX: tl.constexpr,  # forward: (max, sum) pairs; backward: plain sums
     ACC: tl.constexpr,
-    BLOCK_P: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    """Max and sum over the partials of chunks ``c0:c1`` (two passes over ``O(c1 - c0)``)."""
-    m = tl.full([BLOCK_H], float("-inf"), ACC)
-    p = c0
-    while p < c1:
-        cs = p + tl.arange(0, BLOCK_P)
-        pmask = (cs < c1)[:, None] & hmask[None, :]  # this segment's chunks only
-        pm = tl.load(part_m_ptr + cs[:, None] * H + heads[None, :], mask=pmask, other=float("-inf"))
-        m = tl.maximum(m, tl.max(pm, 0))
-        p += BLOCK_P
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    s = tl.zeros([BLOCK_H], ACC)
-    p = c0
-    while p < c1:
-        cs = p + tl.arange(0, BLOCK_P)
-        pmask = (cs < c1)[:, None] & hmask[None, :]
-        o = cs[:, None] * H + heads[None, :]
-        pm = tl.load(part_m_ptr + o, mask=pmask, other=float("-inf"))
-        ps = tl.load(part_s_ptr + o, mask=pmask, other=0.0)
-        s += tl.sum(ps * tl.exp(pm - m_safe[None, :]), 0)
-        p += BLOCK_P
-    return m_safe, s
+    """Merge the partials of each split segment once, into its first chunk's row.
+
+    Only the program of a segment's first chunk works, so each partial is read
+    once: linear in the number of chunks.
+    """
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < H
+    slot = tl.load(split_ptr + tl.program_id(0))
+    if slot < n_slots:
+        seg = tl.load(chunk_seg_ptr + slot)
+        c0 = tl.load(chunk_ptr_ptr + seg)
+        if slot == c0:
+            c1 = tl.load(chunk_ptr_ptr + seg + 1)
+            r0 = tl.load(rank_ptr + c0)
+            a = tl.load(part_a_ptr + r0 * H + heads, mask=hmask, other=0.0)
+            bsum = tl.load(part_b_ptr + r0 * H + heads, mask=hmask, other=0.0)
+            cc = c0 + 1
+            while cc < c1:
+                # The chunks of one segment are consecutive slots with
+                # consecutive ranks.
+                r = r0 + (cc - c0)
+                pa = tl.load(part_a_ptr + r * H + heads, mask=hmask, other=0.0)
+                if IS_MAX:
+                    pb = tl.load(part_b_ptr + r * H + heads, mask=hmask, other=0.0)
+                    m_new = tl.maximum(a, pa)
+                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                    # exp(-inf - x) = 0: an all -inf side adds nothing.
+                    bsum = bsum * tl.exp(a - m_safe) + pb * tl.exp(pa - m_safe)
+                    a = m_new
+                else:
+                    a += pa
+                cc += 1
+            if IS_MAX:
+                # Stored relative to the safe shift, as the normalize pass uses it.
+                a_safe = tl.where(a == float("-inf"), 0.0, a)
+                tl.store(part_a_ptr + r0 * H + heads, a_safe, mask=hmask)
+                tl.store(part_b_ptr + r0 * H + heads, bsum, mask=hmask)
+            else:
+                tl.store(part_a_ptr + r0 * H + heads, a, mask=hmask)
 
 
 @triton.jit
@@ -206,41 +232,41 @@ def _softmax_fwd_split(
     x_ptr,
     y_ptr,
     ptr_ptr,
+    split_ptr,
     chunk_ptr_ptr,
     chunk_seg_ptr,
+    rank_ptr,
     part_m_ptr,
     part_s_ptr,
-    n_seg,
+    n_slots,
     H,
     ACC: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_H: tl.constexpr,
-    BLOCK_P: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
-    c = tl.program_id(0).to(tl.int64)
+    """Normalise one chunk of a split segment with the segment's combined (max, sum)."""
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H
-    seg = tl.load(chunk_seg_ptr + c)
-    if seg < n_seg:
+    c = tl.load(split_ptr + tl.program_id(0))
+    if c < n_slots:
+        seg = tl.load(chunk_seg_ptr + c)
         c0 = tl.load(chunk_ptr_ptr + seg)
-        c1 = tl.load(chunk_ptr_ptr + seg + 1)
-        if c1 - c0 > 1:  # segments of one chunk were finished by pass 1
-            m_safe, s = _combine_max_sum(
-                part_m_ptr, part_s_ptr, c0, c1, heads, hmask, H, ACC, BLOCK_P, BLOCK_H
-            )
-            inv = 1.0 / tl.where(s > 0, s, 1.0)
-            start = tl.load(ptr_ptr + seg) + (c - c0) * CHUNK
-            end = tl.minimum(start + CHUNK, tl.load(ptr_ptr + seg + 1))
-            b = start
-            while b < end:
-                rows = b + tl.arange(0, BLOCK_E)
-                mask = (rows < end)[:, None] & hmask[None, :]
-                o = rows[:, None] * H + heads[None, :]
-                x = tl.load(x_ptr + o, mask=mask, other=float("-inf")).to(ACC)
-                y = tl.exp(x - m_safe[None, :]) * inv[None, :]
-                tl.store(y_ptr + o, y.to(y_ptr.dtype.element_ty), mask=mask)
-                b += BLOCK_E
+        r0 = tl.load(rank_ptr + c0)
+        m_safe = tl.load(part_m_ptr + r0 * H + heads, mask=hmask, other=0.0)
+        s = tl.load(part_s_ptr + r0 * H + heads, mask=hmask, other=1.0)
+        inv = 1.0 / tl.where(s > 0, s, 1.0)
+        start = tl.load(ptr_ptr + seg) + (c - c0) * CHUNK
+        end = tl.minimum(start + CHUNK, tl.load(ptr_ptr + seg + 1))
+        b = start
+        while b < end:
+            rows = b + tl.arange(0, BLOCK_E)
+            mask = (rows < end)[:, None] & hmask[None, :]
+            o = rows[:, None] * H + heads[None, :]
+            x = tl.load(x_ptr + o, mask=mask, other=float("-inf")).to(ACC)
+            y = tl.exp(x - m_safe[None, :]) * inv[None, :]
+            tl.store(y_ptr + o, y.to(y_ptr.dtype.element_ty), mask=mask)
+            b += BLOCK_E
 
 
 @triton.jit
@@ -251,44 +277,34 @@ def _softmax_bwd_chunk(
     ptr_ptr,
     chunk_ptr_ptr,
     chunk_seg_ptr,
-    part_d_ptr,  # [G, H] partial sum(g * y) of split segments' chunks
+    rank_ptr,
+    part_d_ptr,  # [S, H] partial sum(g * y) of split chunks, by rank
     n_seg,
     H,
     ACC: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_H: tl.constexpr,
     CHUNK: tl.constexpr,
+    SLOTS: tl.constexpr,
 ):
-    c = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H
-    seg = tl.load(chunk_seg_ptr + c)
-    if seg < n_seg:
-        c0 = tl.load(chunk_ptr_ptr + seg)
-        n_chunks = tl.load(chunk_ptr_ptr + seg + 1) - c0
-        start = tl.load(ptr_ptr + seg) + (c - c0) * CHUNK
-        end = tl.minimum(start + CHUNK, tl.load(ptr_ptr + seg + 1))
+    for t in tl.static_range(SLOTS):
+        c = tl.program_id(0).to(tl.int64) * SLOTS + t
+        seg = tl.load(chunk_seg_ptr + c)
+        if seg < n_seg:
+            c0 = tl.load(chunk_ptr_ptr + seg)
+            n_chunks = tl.load(chunk_ptr_ptr + seg + 1) - c0
+            start = tl.load(ptr_ptr + seg) + (c - c0) * CHUNK
+            end = tl.minimum(start + CHUNK, tl.load(ptr_ptr + seg + 1))
 
-        rows0 = start + tl.arange(0, BLOCK_E)
-        mask0 = (rows0 < end)[:, None] & hmask[None, :]
-        offs0 = rows0[:, None] * H + heads[None, :]
-        # Masked lanes read 0 and so add nothing to sum(g * y).
-        y0 = tl.load(y_ptr + offs0, mask=mask0, other=0.0).to(ACC)
-        g0 = tl.load(g_ptr + offs0, mask=mask0, other=0.0).to(ACC)
-        d = tl.sum(y0 * g0, 0)
-        b = start + BLOCK_E
-        while b < end:
-            rows = b + tl.arange(0, BLOCK_E)
-            mask = (rows < end)[:, None] & hmask[None, :]
-            o = rows[:, None] * H + heads[None, :]
-            y = tl.load(y_ptr + o, mask=mask, other=0.0).to(ACC)
-            g = tl.load(g_ptr + o, mask=mask, other=0.0).to(ACC)
-            d += tl.sum(y * g, 0)
-            b += BLOCK_E
-
-        if n_chunks == 1:
-            dx0 = y0 * (g0 - d[None, :])
-            tl.store(dx_ptr + offs0, dx0.to(dx_ptr.dtype.element_ty), mask=mask0)
+            rows0 = start + tl.arange(0, BLOCK_E)
+            mask0 = (rows0 < end)[:, None] & hmask[None, :]
+            offs0 = rows0[:, None] * H + heads[None, :]
+            # Masked lanes read 0 and so add nothing to sum(g * y).
+            y0 = tl.load(y_ptr + offs0, mask=mask0, other=0.0).to(ACC)
+            g0 = tl.load(g_ptr + offs0, mask=mask0, other=0.0).to(ACC)
+            d = tl.sum(y0 * g0, 0)
             b = start + BLOCK_E
             while b < end:
                 rows = b + tl.arange(0, BLOCK_E)
@@ -296,10 +312,25 @@ def _softmax_bwd_chunk(
                 o = rows[:, None] * H + heads[None, :]
                 y = tl.load(y_ptr + o, mask=mask, other=0.0).to(ACC)
                 g = tl.load(g_ptr + o, mask=mask, other=0.0).to(ACC)
-                tl.store(dx_ptr + o, (y * (g - d[None, :])).to(dx_ptr.dtype.element_ty), mask=mask)
+                d += tl.sum(y * g, 0)
                 b += BLOCK_E
-        else:
-            tl.store(part_d_ptr + c * H + heads, d, mask=hmask)
+
+            if n_chunks == 1:
+                dx0 = y0 * (g0 - d[None, :])
+                tl.store(dx_ptr + offs0, dx0.to(dx_ptr.dtype.element_ty), mask=mask0)
+                b = start + BLOCK_E
+                while b < end:
+                    rows = b + tl.arange(0, BLOCK_E)
+                    mask = (rows < end)[:, None] & hmask[None, :]
+                    o = rows[:, None] * H + heads[None, :]
+                    y = tl.load(y_ptr + o, mask=mask, other=0.0).to(ACC)
+                    g = tl.load(g_ptr + o, mask=mask, other=0.0).to(ACC)
+                    dx = y * (g - d[None, :])
+                    tl.store(dx_ptr + o, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+                    b += BLOCK_E
+            else:
+                r = tl.load(rank_ptr + c)
+                tl.store(part_d_ptr + r * H + heads, d, mask=hmask)
 
 
 @triton.jit
@@ -308,46 +339,37 @@ def _softmax_bwd_split(
     g_ptr,
     dx_ptr,
     ptr_ptr,
+    split_ptr,
     chunk_ptr_ptr,
     chunk_seg_ptr,
+    rank_ptr,
     part_d_ptr,
-    n_seg,
+    n_slots,
     H,
     ACC: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_H: tl.constexpr,
-    BLOCK_P: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
-    c = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H
-    seg = tl.load(chunk_seg_ptr + c)
-    if seg < n_seg:
+    c = tl.load(split_ptr + tl.program_id(0))
+    if c < n_slots:
+        seg = tl.load(chunk_seg_ptr + c)
         c0 = tl.load(chunk_ptr_ptr + seg)
-        c1 = tl.load(chunk_ptr_ptr + seg + 1)
-        if c1 - c0 > 1:
-            d = tl.zeros([BLOCK_H], ACC)
-            p = c0
-            while p < c1:
-                cs = p + tl.arange(0, BLOCK_P)
-                pmask = (cs < c1)[:, None] & hmask[None, :]
-                d += tl.sum(
-                    tl.load(part_d_ptr + cs[:, None] * H + heads[None, :], mask=pmask, other=0.0),
-                    0,
-                )
-                p += BLOCK_P
-            start = tl.load(ptr_ptr + seg) + (c - c0) * CHUNK
-            end = tl.minimum(start + CHUNK, tl.load(ptr_ptr + seg + 1))
-            b = start
-            while b < end:
-                rows = b + tl.arange(0, BLOCK_E)
-                mask = (rows < end)[:, None] & hmask[None, :]
-                o = rows[:, None] * H + heads[None, :]
-                y = tl.load(y_ptr + o, mask=mask, other=0.0).to(ACC)
-                g = tl.load(g_ptr + o, mask=mask, other=0.0).to(ACC)
-                tl.store(dx_ptr + o, (y * (g - d[None, :])).to(dx_ptr.dtype.element_ty), mask=mask)
-                b += BLOCK_E
+        r0 = tl.load(rank_ptr + c0)
+        d = tl.load(part_d_ptr + r0 * H + heads, mask=hmask, other=0.0)
+        start = tl.load(ptr_ptr + seg) + (c - c0) * CHUNK
+        end = tl.minimum(start + CHUNK, tl.load(ptr_ptr + seg + 1))
+        b = start
+        while b < end:
+            rows = b + tl.arange(0, BLOCK_E)
+            mask = (rows < end)[:, None] & hmask[None, :]
+            o = rows[:, None] * H + heads[None, :]
+            y = tl.load(y_ptr + o, mask=mask, other=0.0).to(ACC)
+            g = tl.load(g_ptr + o, mask=mask, other=0.0).to(ACC)
+            tl.store(dx_ptr + o, (y * (g - d[None, :])).to(dx_ptr.dtype.element_ty), mask=mask)
+            b += BLOCK_E
 
 
 # --------------------------------------------------------------------------- host side
@@ -361,7 +383,15 @@ def _acc_torch(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _blocks(e: int, n: int, h: int, block_e: int | None, split_blocks: int | None):
+class _Blocks(NamedTuple):
+    block_e: int
+    block_h: int
+    chunk: int
+    slots: int
+    num_warps: int
+
+
+def _blocks(e: int, n: int, h: int, block_e: int | None, split_blocks: int | None) -> _Blocks:
     block_h = min(triton.next_power_of_2(max(h, 1)), 16)
     if block_e is None:
         # One tile per typical segment: the mean degree, rounded up to a power
@@ -376,41 +406,13 @@ def _blocks(e: int, n: int, h: int, block_e: int | None, split_blocks: int | Non
             f"Expected 'block_e' a power of two and 'split_blocks' >= 1, "
             f"got {block_e} and {split_blocks}"
         )
-    return block_e, block_h, block_e * split_blocks
-
-
-def chunk_plan(ptr: Tensor, num_edges: int, chunk: int) -> tuple[Tensor, Tensor, int]:
-    """Cut every CSR segment into chunks of at most ``chunk`` edges.
-
-    Args:
-        ptr: ``[N + 1]`` int64 CSR pointers.
-        num_edges: ``E = ptr[-1]`` (passed so that nothing syncs with the device).
-        chunk: the most edges one program handles.
-
-    Returns:
-        ``chunk_ptr`` ``[N + 1]`` (the chunks of segment ``i`` are
-        ``chunk_ptr[i]:chunk_ptr[i + 1]``; an empty segment has one chunk),
-        ``chunk_seg`` ``[G]`` (the segment of each grid slot, ``N`` past the
-        last chunk) and the grid size ``G = N + E // chunk``, an upper bound of
-        the number of chunks that needs no device-to-host copy.
-
-    >>> cp, cs, g = chunk_plan(torch.tensor([0, 0, 5, 6]), 6, 2)
-    >>> cp.tolist(), cs.tolist(), g
-    ([0, 1, 4, 5], [0, 1, 1, 1, 2, 3], 6)
-    """
-    n = ptr.numel() - 1
-    counts = ptr.diff()
-    n_chunks = torch.clamp((counts + (chunk - 1)) // chunk, min=1)
-    chunk_ptr = torch.zeros(n + 1, dtype=torch.int64, device=ptr.device)
-    torch.cumsum(n_chunks, 0, out=chunk_ptr[1:])
-    grid = n + num_edges // chunk
-    slots = torch.arange(grid, dtype=torch.int64, device=ptr.device)
-    chunk_seg = torch.searchsorted(chunk_ptr, slots, right=True) - 1
-    return chunk_ptr, chunk_seg, grid
-
-
-def _as_2d(t: Tensor) -> Tensor:
-    return t.reshape(t.shape[0], math.prod(t.shape[1:])).contiguous()
+    tile = block_e * block_h
+    # Small segments: several per program, so that each program moves about
+    # 2K elements (launch and scheduling costs amortised); one under the
+    # interpreter. Warps sized to the tile: 256 elements per warp, 1 to 8.
+    slots = 1 if _INTERPRET else max(1, min(16, 2048 // tile))
+    num_warps = max(1, min(8, tile // 256))
+    return _Blocks(block_e, block_h, block_e * split_blocks, slots, num_warps)
 
 
 def _check(src: Tensor, ptr: Tensor, name: str = "src") -> None:
@@ -420,6 +422,33 @@ def _check(src: Tensor, ptr: Tensor, name: str = "src") -> None:
         raise TypeError(f"Expected 'ptr' int64 of shape [N + 1], got {ptr.dtype} {list(ptr.shape)}")
     if not src.is_floating_point():
         raise TypeError(f"Expected '{name}' floating point, got {src.dtype}")
+    if ptr.device != src.device:
+        raise ValueError(
+            f"Expected 'ptr' on the device of '{name}' ({src.device}), got {ptr.device}"
+        )
+    check_ptr(ptr, src.shape[0])
+
+
+def check_ptr(ptr: Tensor, num_edges: int, name: str = "ptr") -> None:
+    """Raise unless ``ptr`` runs from 0 to ``num_edges`` without going down.
+
+    A compiled kernel does not bounds-check: a bad pointer would read out of
+    bounds silently on a GPU. One pass over ``N`` and one host sync.
+    """
+    if ptr.numel() < 1:
+        raise ValueError(f"Expected '{name}' of shape [N + 1], got {list(ptr.shape)}")
+    first, last = ptr[0], ptr[-1]
+    bad_order = (ptr.diff() < 0).any() if ptr.numel() > 1 else torch.zeros((), dtype=torch.bool)
+    first_i, last_i, bad = (int(v) for v in torch.stack([first, last, bad_order.long()]).tolist())
+    if first_i != 0 or last_i != num_edges or bad:
+        raise ValueError(
+            f"Expected '{name}' non-decreasing from 0 to the number of edges {num_edges}, "
+            f"got {first_i} ... {last_i}"
+        )
+
+
+def _as_2d(t: Tensor) -> Tensor:
+    return t.reshape(t.shape[0], math.prod(t.shape[1:])).contiguous()
 
 
 def segment_softmax_fwd(
@@ -436,6 +465,9 @@ def segment_softmax_fwd(
 
     Returns:
         The weights, shaped and typed like ``src``.
+
+    Raises:
+        ValueError: when ``ptr`` does not describe ``E`` edges.
     """
     _check(src, ptr)
     x = _as_2d(src)
@@ -444,19 +476,28 @@ def segment_softmax_fwd(
     y = torch.empty_like(x)
     if e == 0 or h == 0 or n <= 0:
         return y.view_as(src)
-    block_e, block_h, chunk = _blocks(e, n, h, block_e, split_blocks)
+    blk = _blocks(e, n, h, block_e, split_blocks)
     ptr = ptr.contiguous()
-    chunk_ptr, chunk_seg, grid = chunk_plan(ptr, e, chunk)
-    split = e > chunk  # otherwise no segment can have two chunks
+    plan = chunk_plan(ptr, e, blk.chunk, blk.slots)
     acc_t = _acc_torch(x.dtype)
-    part_m = torch.empty((grid, h) if split else (1, h), dtype=acc_t, device=x.device)
+    part_m = torch.empty((plan.split_grid, h), dtype=acc_t, device=x.device)
     part_s = torch.empty_like(part_m)
-    launch = (grid, triton.cdiv(h, block_h))
-    common = dict(ACC=_acc(x.dtype), BLOCK_E=block_e, BLOCK_H=block_h, CHUNK=chunk)
-    args = (x, y, ptr, chunk_ptr, chunk_seg, part_m, part_s, n, h)
-    _softmax_fwd_chunk[launch](*args, **common)
-    if split:
-        _softmax_fwd_split[launch](*args, BLOCK_P=16, **common)
+    heads = triton.cdiv(h, blk.block_h)
+    meta = dict(ACC=_acc(x.dtype), BLOCK_E=blk.block_e, BLOCK_H=blk.block_h)
+    _softmax_fwd_chunk[(plan.grid // blk.slots, heads)](
+        x, y, ptr, plan.chunk_ptr, plan.chunk_seg, plan.rank, part_m, part_s, n, h,
+        CHUNK=blk.chunk, SLOTS=blk.slots, num_warps=blk.num_warps, **meta,
+    )  # fmt: skip
+    if e > blk.chunk:  # otherwise no segment can have two chunks
+        split = (plan.split_grid, heads)
+        _softmax_combine[split](
+            plan.split, plan.chunk_ptr, plan.chunk_seg, plan.rank, part_m, part_s,
+            plan.grid, h, IS_MAX=True, ACC=meta["ACC"], BLOCK_H=blk.block_h,
+        )  # fmt: skip
+        _softmax_fwd_split[split](
+            x, y, ptr, plan.split, plan.chunk_ptr, plan.chunk_seg, plan.rank, part_m, part_s,
+            plan.grid, h, CHUNK=blk.chunk, num_warps=blk.num_warps, **meta,
+        )  # fmt: skip
     return y.view_as(src)
 
 
@@ -483,25 +524,34 @@ def segment_softmax_bwd(
     _check(y, ptr, "y")
     if grad.shape != y.shape:
         raise ValueError(f"Expected 'grad' of shape {list(y.shape)}, got {list(grad.shape)}")
+    if grad.device != y.device:
+        raise ValueError(f"Expected 'grad' on the device of 'y' ({y.device}), got {grad.device}")
     yy, gg = _as_2d(y), _as_2d(grad.to(y.dtype))
     e, h = yy.shape
     n = ptr.numel() - 1
     dx = torch.empty_like(yy)
     if e == 0 or h == 0 or n <= 0:
         return dx.view_as(y)
-    block_e, block_h, chunk = _blocks(e, n, h, block_e, split_blocks)
+    blk = _blocks(e, n, h, block_e, split_blocks)
     ptr = ptr.contiguous()
-    chunk_ptr, chunk_seg, grid = chunk_plan(ptr, e, chunk)
-    split = e > chunk
-    part_d = torch.empty(
-        (grid, h) if split else (1, h), dtype=_acc_torch(yy.dtype), device=yy.device
-    )
-    launch = (grid, triton.cdiv(h, block_h))
-    common = dict(ACC=_acc(yy.dtype), BLOCK_E=block_e, BLOCK_H=block_h, CHUNK=chunk)
-    args = (yy, gg, dx, ptr, chunk_ptr, chunk_seg, part_d, n, h)
-    _softmax_bwd_chunk[launch](*args, **common)
-    if split:
-        _softmax_bwd_split[launch](*args, BLOCK_P=16, **common)
+    plan = chunk_plan(ptr, e, blk.chunk, blk.slots)
+    part_d = torch.empty((plan.split_grid, h), dtype=_acc_torch(yy.dtype), device=yy.device)
+    heads = triton.cdiv(h, blk.block_h)
+    meta = dict(ACC=_acc(yy.dtype), BLOCK_E=blk.block_e, BLOCK_H=blk.block_h)
+    _softmax_bwd_chunk[(plan.grid // blk.slots, heads)](
+        yy, gg, dx, ptr, plan.chunk_ptr, plan.chunk_seg, plan.rank, part_d, n, h,
+        CHUNK=blk.chunk, SLOTS=blk.slots, num_warps=blk.num_warps, **meta,
+    )  # fmt: skip
+    if e > blk.chunk:
+        split = (plan.split_grid, heads)
+        _softmax_combine[split](
+            plan.split, plan.chunk_ptr, plan.chunk_seg, plan.rank, part_d, part_d,
+            plan.grid, h, IS_MAX=False, ACC=meta["ACC"], BLOCK_H=blk.block_h,
+        )  # fmt: skip
+        _softmax_bwd_split[split](
+            yy, gg, dx, ptr, plan.split, plan.chunk_ptr, plan.chunk_seg, plan.rank, part_d,
+            plan.grid, h, CHUNK=blk.chunk, num_warps=blk.num_warps, **meta,
+        )  # fmt: skip
     return dx.view_as(y)
 
 

@@ -1,0 +1,48 @@
+"""The GPU probe (``.ci/gpu``) runs end to end in its dry run: CPU, interpreter, tiny sizes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = ("tests", "softmax", "attention", "correctness", "registers")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the probe is a bash script for Linux")
+def test_gpu_probe_dry_run_writes_every_section(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path)}
+    env.pop("TRITON_INTERPRET", None)  # the probe sets it itself for the dry run
+    proc = subprocess.Popen(
+        ["bash", str(ROOT / ".ci" / "gpu"), "--dry-run"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # a timeout kills every process the probe started
+    )
+    try:
+        out, _ = proc.communicate(timeout=420)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, out[-4000:]
+    for name in SECTIONS:
+        result = json.loads((tmp_path / f"{name}.json").read_text())
+        assert result["status"] == "ok", (name, result)
+        assert result["dry_run"] is True
+    attention = json.loads((tmp_path / "attention.json").read_text())
+    assert attention["fused"] and "fwd_ms" in attention["fused"][0]
+    correctness = json.loads((tmp_path / "correctness.json").read_text())
+    assert correctness["backward_bitwise_identical"] is True
+    assert max(correctness["max_abs_err"].values()) < 1e-4
+    softmax = json.loads((tmp_path / "softmax.json").read_text())
+    assert {r["graph"] for r in softmax["rows"]} == {"degree 32", "hub"}
+    assert all("error" not in r for r in softmax["rows"])
