@@ -34,11 +34,9 @@ class WrongScale(SelfAttentionConv):
 class GlobalSoftmax(SelfAttentionConv):
     """Normalizes the weights over all edges instead of per target."""
 
-    def message(self, query_i, key_j, value_j, score_bias, value_edge, index, ptr, size_i):
+    def edge_update(self, query_i, key_j, score_bias, index, ptr, size_i):
         score = (query_i * key_j).sum(dim=-1) * self.scale  # (E, H)
-        alpha = segment_softmax(score, torch.zeros_like(index), 1)
-        self._alpha = alpha
-        return value_j * alpha.unsqueeze(-1)
+        return segment_softmax(score, torch.zeros_like(index), 1)
 
 
 @pytest.mark.parametrize("bug", [WrongScale, GlobalSoftmax])

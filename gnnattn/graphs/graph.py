@@ -60,6 +60,16 @@ def _building() -> Iterator[None]:
         yield
 
 
+def _canonical(device: torch.device | str | None) -> torch.device:
+    """``device`` with its index, as tensors report theirs (``cuda`` -> ``cuda:0``)."""
+    dev = torch.device(device if device is not None else "cpu")
+    if dev.type == "cuda" and dev.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    return dev
+
+
 def _plain(edge_index: Tensor) -> Tensor:
     """A ``torch_geometric.EdgeIndex`` (a Tensor subclass) as a plain tensor."""
     as_tensor = getattr(edge_index, "as_tensor", None)
@@ -133,7 +143,12 @@ class AttentionGraph:
         check_int(num_nodes, "num_nodes", optional=True)
         check_int(num_src, "num_src", optional=True)
         ei, n_dst, n_src, csr = self._normalize(edge_index, num_nodes, num_src)
-        self._init(ei, n_dst, n_src if n_src is not None else n_dst, num_src is not None, csr=csr)
+        if causal and n_src is not None:
+            raise ValueError(
+                "Expected a square graph with causal=True (causal order relates tokens of one "
+                f"sequence), got a bipartite one ({n_src} sources, {n_dst} targets)"
+            )
+        self._init(ei, n_dst, n_src if n_src is not None else n_dst, n_src is not None, csr=csr)
         if causal:
             self._prune_causal()
 
@@ -155,15 +170,16 @@ class AttentionGraph:
         self.is_bipartite = bipartite
         self._structure = structure
         self._detected = structure is not None or bipartite
-        self._device = (
-            edge_index.device if edge_index is not None else torch.device(device or "cpu")
-        )
+        self._device = _canonical(edge_index.device if edge_index is not None else device)
         self._csr: CSR | None = csr
         self._csc: CSC | None = None
         self._input_edges: Tensor | None = None
         self._num_input_edges: int | None = None
         self._is_causal = structure is not None and structure.is_causal
         self._causal_view: AttentionGraph | None = None
+        # A causal view made without its parent's edges: the parent, to find
+        # which of its edges were kept when edge features come in its order.
+        self._parent: AttentionGraph | None = None
         self._bipartite_complete = False
 
     @staticmethod
@@ -194,13 +210,17 @@ class AttentionGraph:
                 raise ValueError("Expected 'num_nodes' when building a graph under torch.compile")
         else:
             if num_nodes is None:
-                num_nodes = int(ei.max()) + 1 if ei.numel() else 0
+                # Targets are row 1; for a bipartite graph row 0 counts sources.
+                rows = ei[1] if num_src is not None else ei
+                num_nodes = int(rows.max()) + 1 if ei.numel() else 0
             check_edge_index(ei, num_src if num_src is not None else num_nodes, num_nodes)
-            if ei.is_inference():
-                # The caller's tensor came from inference mode: autograd could
-                # not save it later (as PyG's gathers do). One copy, once.
+            if ei.is_inference() or ei.dtype != torch.long:
+                # Made outside inference mode, so that autograd can save it
+                # later (PyG's gathers do): a copy of an inference tensor, or
+                # the int64 version of an int32 one. Once, here.
                 with torch.inference_mode(False):
-                    ei = ei.clone()
+                    ei = ei.to(torch.long, copy=ei.is_inference())
+                return ei, num_nodes, num_src, csr
         return ei.long(), num_nodes, num_src, csr
 
     @staticmethod
@@ -221,13 +241,20 @@ class AttentionGraph:
                 )
         if num_src is None and m != n:
             raise ValueError(
-                f"Expected a square adjacency, got [{n}, {m}]; for cross-attention pass num_src={m}"
+                f"Expected a square adjacency, got [{n}, {m}]; for cross-attention call the "
+                f"layer on a pair (x_src, x_dst), or pass num_src={m} to AttentionGraph"
             )
+        coo_idx = None
+        if adj_t.layout == torch.sparse_coo:
+            # Sorted by row (target), then column, duplicates merged. An
+            # inference tensor can only be coalesced in inference mode; the
+            # stack below copies its indices out as an ordinary tensor.
+            with torch.inference_mode(adj_t.is_inference()):
+                coo_idx = adj_t.coalesce().indices()
         with _building():
             csr: CSR | None = None
-            if adj_t.layout == torch.sparse_coo:
-                idx = adj_t.coalesce().indices()  # sorted by row (target), then column
-                ei = torch.stack([idx[1], idx[0]])
+            if coo_idx is not None:
+                ei = torch.stack([coo_idx[1], coo_idx[0]])
             elif adj_t.layout == torch.sparse_csr:
                 ptr, col = adj_t.crow_indices().long(), adj_t.col_indices().long()
                 ei = torch.stack([col, segment_ids(ptr, col.numel())])
@@ -451,7 +478,11 @@ class AttentionGraph:
 
     def causal_view(self) -> AttentionGraph:
         r"""This graph without its edges :math:`j > i`: itself if it has none, else a
-        pruned copy, made on first call and kept by this object."""
+        pruned graph, made on first call and kept by this object.
+
+        A structured graph's view keeps the structure (complete becomes causal,
+        a window a causal window), whether or not its edges were built.
+        """
         if self._is_causal:
             return self
         if self.is_bipartite:
@@ -459,51 +490,59 @@ class AttentionGraph:
                 "Expected a square graph for causal attention (causal order relates tokens "
                 "of one sequence), got a bipartite one"
             )
+        if self._causal_view is not None:
+            return self._causal_view
         s = self._structure
-        if s is not None:
-            # Causal pruning of a structured graph is structured again.
-            kind = "causal" if s.kind == "complete" else "causal_window"
-            if self._edge_index is None:
-                self._causal_view = self._causal_view or AttentionGraph._structured(
-                    kind, s.lengths, s.window, self._device
-                )
-                return self._causal_view
-        if self._causal_view is None:
-            with _building():
-                if self._causal_view is None:
-                    view = AttentionGraph.__new__(AttentionGraph)
+        with _building():
+            if self._causal_view is None:
+                view = AttentionGraph.__new__(AttentionGraph)
+                if s is not None and self._edge_index is None:
+                    # Edges never built: the view needs none either.
+                    kind = "causal" if s.kind == "complete" else "causal_window"
+                    view._init(None, self.num_dst, self.num_dst, False, device=self._device)
+                    view._structure = Structure(kind, s.lengths, s.window)
+                    view._detected = view._is_causal = True
+                    view._parent = self
+                else:
                     view._init(self.edge_index, self.num_dst, self.num_dst, False)
                     view._prune_causal()
-                    self._causal_view = view
+                    if s is not None:
+                        kind = "causal" if s.kind == "complete" else "causal_window"
+                        view._structure = Structure(kind, s.lengths, s.window)
+                        view._detected = True
+                self._causal_view = view
         return self._causal_view
 
     def select_edges(self, edge_attr: Tensor, name: str = "edge_attr") -> Tensor:
         """``edge_attr`` for this graph's edges: as given when it has one row per
         edge, or the kept rows when it follows the edges before causal pruning."""
         e = self.num_edges
-        if edge_attr.dim() >= 1 and edge_attr.shape[0] == e:
+        rows = edge_attr.shape[0] if edge_attr.dim() >= 1 else -1
+        if rows == e:
             return edge_attr
-        if (
-            self._input_edges is not None
-            and edge_attr.dim() >= 1
-            and edge_attr.shape[0] == self._num_input_edges
-        ):
+        if self._input_edges is not None and rows == self._num_input_edges:
             return edge_attr[self._input_edges]
+        parent = self._parent
+        if parent is not None and rows == parent.num_edges:
+            pe = parent.edge_index
+            return edge_attr[(pe[0] <= pe[1]).nonzero().view(-1)]
+        before = self._num_input_edges if parent is None else parent.num_edges
         rest = "".join(f", {d}" for d in edge_attr.shape[1:])
-        before = "" if self._input_edges is None else f" (or [{self._num_input_edges}{rest}])"
+        alt = "" if before is None else f" (or [{before}{rest}], before causal pruning)"
         raise ValueError(
-            f"Expected '{name}' of shape [{e}{rest}]{before} (one row per edge of the graph), "
+            f"Expected '{name}' of shape [{e}{rest}]{alt} (one row per edge of the graph), "
             f"got {list(edge_attr.shape)}"
         )
 
     def to(self, device: torch.device | str) -> AttentionGraph:
         """The same graph on ``device`` (what was built moves with it)."""
-        device = torch.device(device)
+        device = _canonical(device)
         if device == self._device:
             return self
         g = AttentionGraph.__new__(AttentionGraph)
         g.__dict__.update(self.__dict__)
         g._device = device
+        g._parent = self._parent.to(device) if self._parent is not None else None
 
         def move(t: Any) -> Any:
             if t is None:
@@ -569,6 +608,20 @@ class AttentionGraph:
 GraphLike = AttentionGraph | Tensor
 
 
+def _own_sizes(edge_index: Tensor) -> tuple[int, int] | None:
+    """``(num_src, num_dst)`` a sparse adjacency or ``EdgeIndex`` carries, if known."""
+    if edge_index.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc):
+        if edge_index.dim() == 2:
+            return int(edge_index.shape[1]), int(edge_index.shape[0])
+        return None
+    sizes = getattr(edge_index, "sparse_size", None)
+    if callable(sizes):
+        m, n = sizes()
+        if m is not None and n is not None:
+            return int(m), int(n)
+    return None
+
+
 def as_graph(
     graph: GraphLike | None,
     *,
@@ -619,6 +672,13 @@ def as_graph(
             raise ValueError(
                 f"Expected 'edge_index' on device {device} (the device of x), got {t.device}"
             )
-        graph = AttentionGraph(t, num_dst, num_src=num_src if bipartite else None, causal=causal)
+        sizes = _own_sizes(t)
+        if sizes is not None:
+            # An adjacency or EdgeIndex knows its sizes: built with them, then
+            # checked against x below, so that the message is about x.
+            graph = AttentionGraph(t, num_src=sizes[0] if bipartite else None, causal=causal)
+        else:
+            src = num_src if bipartite else None
+            graph = AttentionGraph(t, num_dst, num_src=src, causal=causal)
     graph.check_nodes(num_src, num_dst, device)
     return graph.causal_view() if causal else graph

@@ -147,7 +147,6 @@ class SelfAttentionConv(MessagePassing):
             self.lin_edge = torch.nn.Linear(edge_dim, num_heads, bias=False)
             if edge_value:
                 self.lin_edge_value = torch.nn.Linear(edge_dim, embed_dim, bias=False)
-        self._alpha: Tensor | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -359,34 +358,34 @@ class SelfAttentionConv(MessagePassing):
             return fused_attention(
                 q, k, v, graph, self.scale, bias=score_bias, need_weights=need_weights
             )
+        # The weights come from edge_updater and go into propagate as an edge
+        # input: nothing is left on the layer between the two (threads may
+        # share it).
+        size = (k.shape[0], q.shape[0])
+        alpha = self.edge_updater(
+            graph.edge_index, query=q, key=k, score_bias=score_bias, size=size
+        )  # (E, H)
         out = self.propagate(
-            graph.edge_index,
-            query=q,
-            key=k,
-            value=v,
-            score_bias=score_bias,
-            value_edge=value_edge,
-            size=(k.shape[0], q.shape[0]),
-        )
-        alpha, self._alpha = self._alpha, None
+            graph.edge_index, value=v, alpha=alpha, value_edge=value_edge, size=size
+        )  # (N, H, C)
         return out, alpha
 
-    def message(
+    def edge_update(
         self,
         query_i: Tensor,
         key_j: Tensor,
-        value_j: Tensor,
         score_bias: Tensor | None,
-        value_edge: Tensor | None,
         index: Tensor,
         ptr: Tensor | None,
         size_i: int | None,
     ) -> Tensor:
+        """The weights :math:`\\alpha_{ij}^h`, ``[E, H]``: stable softmax per target."""
         score = (query_i * key_j).sum(dim=-1) * self.scale  # (E, H)
         if score_bias is not None:
             score = score + score_bias  # (E, H)
-        alpha = segment_softmax(score, index, size_i if size_i is not None else 0)
-        self._alpha = alpha
+        return segment_softmax(score, index, size_i if size_i is not None else 0)
+
+    def message(self, value_j: Tensor, alpha: Tensor, value_edge: Tensor | None) -> Tensor:
         alpha = F.dropout(alpha, p=self.dropout, training=self.training)
         if value_edge is not None:
             value_j = value_j + value_edge  # (E, H, C)

@@ -56,7 +56,6 @@ class SimplifiedAttention(MessagePassing):
         self.scale = check_float(scale, "scale")
         self.causal = causal
         self.backend = check_backend(backend)
-        self._alpha: Tensor | None = None
 
     def forward(
         self,
@@ -93,14 +92,17 @@ class SimplifiedAttention(MessagePassing):
             return sdpa_attention(h, h, h, graph, self.scale, need_weights=need_weights)
         if backend == "fused":
             return fused_attention(h, h, h, graph, self.scale, need_weights=need_weights)
-        out = self.propagate(graph.edge_index, x=h, size=(h.shape[0], h.shape[0]))
-        alpha, self._alpha = self._alpha, None
+        size = (h.shape[0], h.shape[0])
+        # Weights from edge_updater, handed to propagate: no state on the layer.
+        alpha = self.edge_updater(graph.edge_index, x=h, size=size)  # (E, 1)
+        out = self.propagate(graph.edge_index, x=h, alpha=alpha, size=size)  # (N, 1, d)
         return out, alpha
 
-    def message(self, x_i: Tensor, x_j: Tensor, index: Tensor, size_i: int | None) -> Tensor:
+    def edge_update(self, x_i: Tensor, x_j: Tensor, index: Tensor, size_i: int | None) -> Tensor:
         omega = (x_i * x_j).sum(dim=-1) * self.scale  # (E, 1)
-        alpha = segment_softmax(omega, index, size_i if size_i is not None else 0)
-        self._alpha = alpha
+        return segment_softmax(omega, index, size_i if size_i is not None else 0)
+
+    def message(self, x_j: Tensor, alpha: Tensor) -> Tensor:
         return x_j * alpha.unsqueeze(-1)  # (E, 1, d)
 
     def __repr__(self) -> str:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..checks import check_int
+from ..checks import check_int, check_tensor
 from ..graphs import GraphLike, as_graph
 from .conv import SelfAttentionConv
 
@@ -384,6 +384,14 @@ class GraphTransformer(torch.nn.Module):
             causal=self.causal,
         )
         if edge_attr is not None:
+            # Checked as the layers check it, then aligned with the graph's
+            # edges once for every layer.
+            check_tensor(edge_attr, "edge_attr")
+            if edge_index is None:
+                raise ValueError(
+                    "Expected an explicit 'edge_index' with 'edge_attr' (its rows follow the "
+                    "edges of edge_index), got edge_index=None"
+                )
             edge_attr = graph.select_edges(edge_attr)
         weights: list[tuple[Tensor, Tensor]] = []
         for layer in self.layers:
