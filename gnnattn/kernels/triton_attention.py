@@ -11,32 +11,46 @@ for float64), outputs have the input dtype, ``lse`` is float32 (float64).
 
 Work split across programs
 --------------------------
-* Forward (``_attn_fwd``): one program per (destination ``i``, head ``h``), a
-  1-D grid of ``N * H`` with the head fastest, so the ``H`` programs of one
-  destination run side by side and share the ``col`` reads and the cache lines
-  of ``k_j`` / ``v_j`` (``[H, C]`` is contiguous per node). Each program walks
-  its ``ptr[i]:ptr[i + 1]`` neighbours in blocks of ``BLOCK_E`` with the online
-  softmax of FlashAttention: a running max ``m`` and sum ``l``, the float32
-  accumulator ``acc = sum p_j v_j`` rescaled by ``exp(m_old - m_new)`` whenever
-  the max grows. Scores live only in registers, one block at a time: nothing
-  of size ``E x C`` or ``E x H`` is written. It saves ``lse = m + log(l)``
-  ``[N, H]``.
-* Backward, dq (``_attn_bwd_dq``): the same grid and walk. It computes
-  ``D_i = sum_c dout_ic out_ic`` (saved for the next kernel), recomputes
-  ``alpha_ij = exp(s_ij - lse_i)``, then ``ds = alpha (dout_i . v_j - D_i)``,
-  ``dq_i = scale * sum_j ds_ij k_j``, and ``dbias = ds`` when there is a bias.
-* Backward, dk/dv (``_attn_bwd_dkdv``): one program per (source ``j``, head),
-  over the **transposed CSR** (the edges grouped by source, found by a stable
-  sort of ``col``): ``dv_j = sum_i alpha_ij dout_i`` and
-  ``dk_j = scale * sum_i ds_ij q_i``, both recomputed from ``lse`` and ``D``.
+* Forward (``_attn_fwd``): one program per chunk of one destination ``i``,
+  for **all heads at once**: an edge's ``col`` is loaded once and its ``k_j``
+  / ``v_j`` come in as one contiguous ``H * C`` row (a
+  ``[BLOCK_E, BLOCK_H, BLOCK_C]`` tile), rather than ``H`` programs that each
+  reload ``col`` and gather ``C``-long pieces. The program walks its edges in
+  blocks of ``BLOCK_E`` with the online softmax of FlashAttention (a running
+  max ``m`` and sum ``l`` per head, the accumulator ``acc = sum p_j v_j``
+  rescaled by ``exp(m_old - m_new)``). Scores live only in registers: nothing
+  of size ``E x C`` or ``E x H`` is written. It saves ``lse = m + log(l)``.
+* Split targets: a destination with more than ``CHUNK = BLOCK_E *
+  SPLIT_BLOCKS`` in-edges is cut into chunks (:mod:`gnnattn.kernels.chunks`);
+  each chunk leaves its partial ``(m, l, acc)`` and ``_attn_fwd_combine``
+  merges them once per target, as FlashDecoding's split-K does (DF-GNN's
+  super-node scheduling is the same idea for graphs).
+* Backward, dq (``_attn_bwd_dq``): the same plan and walk. ``D_i = sum_c
+  dout_ic out_ic`` is computed once on the host side (``N x H`` numbers);
+  the kernel recomputes ``alpha_ij = exp(s_ij - lse_i)``, then ``ds = alpha
+  (dout_i . v_j - D_i)``, ``dq_i = scale * sum_j ds_ij k_j`` and ``dbias =
+  ds``. Split targets' partial ``dq`` are summed in chunk order
+  (``_sum_split_rows``).
+* Backward, dk/dv (``_attn_bwd_dkdv``): one program per chunk of one source
+  ``j`` over the **transposed CSR** (the graph object's, built once per graph):
+  ``dv_j = sum_i alpha_ij dout_i`` and ``dk_j = scale * sum_i ds_ij q_i``;
+  high out-degree sources are split and summed the same way.
+
+Head counts and dims are compile-time constants (one compile per layer
+shape), so the compiler knows that a row offset ``(j * H + h) * C`` is a
+multiple of ``C``'s power-of-two part and can vectorise the gathers of
+``C = 24`` or ``40`` rows too; tiles are padded to powers of two and masked.
+``scale`` is passed as a one-element tensor of the accumulation dtype: a
+Python float would reach the kernel as fp32 and round a float64 scale.
 
 Why a transposed CSR rather than atomics: every ``dk_j`` / ``dv_j`` is summed
 by one program in a fixed order, so the gradients are deterministic (run to
 run, bit for bit) and accumulate in float32 registers rather than in the
 output dtype; float16/bfloat16 ``atomic_add`` into ``[M, H, C]`` would round
 at every add and serialise on the rows of high out-degree sources. The price is
-an ``O(E log E)`` sort per backward and recomputing each score twice (once per
-backward kernel), which FlashAttention-2 also pays.
+one ``O(E log E)`` sort per graph (kept by :class:`gnnattn.AttentionGraph`)
+and recomputing each score twice (once per backward kernel), which
+FlashAttention-2 also pays.
 
 Masks
 -----
@@ -54,24 +68,24 @@ Masks
 All offsets are int64: node ids come from ``col`` / the transposed rows
 (int64) and the program id is widened before use.
 
-Memory traffic per edge and head
---------------------------------
-Forward: ``col_j`` (8 bytes, shared by the ``H`` programs of a destination
-through L1/L2), ``k_j`` and ``v_j`` (``(C + Cv) * itemsize``, gathered rows),
-``bias_ij`` if given; per destination ``q_i``, ``out_i`` and ``lse_i``. dq:
-the same gathers plus ``dbias`` written. dk/dv: ``q_i`` and ``dout_i`` gathered
-(``(C + Cv) * itemsize``), ``lse_i``, ``D_i``, ``bias``, the edge's row and
-its CSR position (16 bytes). A high in-degree destination is walked by one
-program (no split-K as in flash-decoding); the many programs of a large graph
-keep the device busy, a single hub does not.
+Memory traffic per edge
+-----------------------
+Forward: ``col_j`` (8 bytes, once for all heads), ``k_j`` and ``v_j``
+(``H * (C + Cv) * itemsize``, two contiguous rows), ``bias_j`` (``H``
+numbers) if given; per destination ``q_i``, ``out_i`` and ``lse_i``. dq: the
+same gathers plus ``dbias`` written. dk/dv: ``q_i`` and ``dout_i`` gathered
+(``H * (C + Cv) * itemsize``), ``lse_i``, ``D_i``, the edge's row and its CSR
+position. Split chunks add ``O(H * Cv)`` partial numbers each, next to nothing.
 
 Loops are ``while`` loops, as in :mod:`gnnattn.kernels.triton_softmax` (Triton
 3.6's interpreter cannot take a loaded value as a ``range`` bound under
 NumPy 2).
 
-Tested under ``TRITON_INTERPRET=1`` on CPU; not yet run on a GPU (the tests
-also compile the kernels for sm_90 offline, which checks that they lower to
-PTX, not that they are right or fast there).
+Tested under ``TRITON_INTERPRET=1`` on CPU against the reference (split hub
+targets and sources, C in {16, 24, 64, 128}, float64 to 1e-10) and compiled
+for sm_90 offline; not yet run on a GPU (``.ci/gpu`` is the probe for the
+first run). The host entry points check ``ptr``, ``col < M``, devices and the
+grid size before any launch: compiled kernels do not bounds-check.
 """
 
 from __future__ import annotations

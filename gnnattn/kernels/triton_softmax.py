@@ -8,33 +8,31 @@ result has the input's dtype.
 
 Work split across programs
 --------------------------
-The grid is ``(chunk, head block)``. Every segment (the incoming edges of one
-target) is cut into chunks of at most ``CHUNK = BLOCK_E * SPLIT_BLOCKS`` edges;
-a segment of length ``L`` has ``max(1, ceil(L / CHUNK))`` chunks, so the
-segments longer than ``CHUNK`` are split across programs and one hub of a
-power-law graph does not serialise the launch. The defaults are
-``BLOCK_E = clamp(next_pow2(E / N), 16, 2048 // BLOCK_H)``, ``SPLIT_BLOCKS = 8``
-on a GPU (``BLOCK_E <= 32``, so ``CHUNK <= 256``, under the interpreter); both can
-be passed as ``block_e`` / ``split_blocks``. A head block covers
-``BLOCK_H = min(next_pow2(H), 16)`` heads, so a ``[BLOCK_E, BLOCK_H]`` tile is
-``BLOCK_E`` whole contiguous rows of ``src`` when ``H <= 16``.
-
-The chunk of program ``c`` is found from ``chunk_seg`` / ``chunk_ptr``, built
-with torch on the device without a host sync: the total number of chunks is at
-most ``N + E // CHUNK`` and that bound is the grid; programs past the last
-chunk see ``seg == N`` and do nothing.
+Every segment (the incoming edges of one target) is cut into chunks of at
+most ``CHUNK = BLOCK_E * SPLIT_BLOCKS`` edges by
+:func:`gnnattn.kernels.chunks.chunk_plan`; one chunk is one grid slot, so a
+hub of a power-law graph is spread over many programs instead of serialising
+the launch. A program takes ``SLOTS`` consecutive slots (several small
+segments per program, so each moves about 2K elements; one under the
+interpreter) for a ``BLOCK_H``-wide block of heads. The defaults are
+``BLOCK_E = clamp(next_pow2(E / N), 16, 2048 // BLOCK_H)`` (32 at most under
+the interpreter) and ``SPLIT_BLOCKS = 8``; ``num_warps`` is sized to the tile
+(256 elements a warp, 1 to 8). ``block_e`` and ``split_blocks`` can be passed.
 
 * Pass 1 (``_softmax_fwd_chunk``): one read of the chunk with an online
   max/sum (running max ``m``, sum rescaled by ``exp(m_old - m_new)``). A
   segment of one chunk is finished in the same program (normalise and write);
-  a split segment's program stores its partial ``(m, s)`` per head.
-* Pass 2 (``_softmax_fwd_split``), launched only when some segment can be
-  longer than ``CHUNK`` (``E > CHUNK``): each chunk of a split segment combines
-  the partials of all the segment's chunks
-  (``M = max m_c``, ``S = sum s_c exp(m_c - M)``) and writes its own outputs.
+  a split segment's chunk stores its partial ``(m, s)`` per head.
+* Combine (``_softmax_combine``), launched only when a segment can be split
+  (``E > CHUNK``), over the list of split chunks only: the program of each
+  split segment's first chunk merges the segment's partials once
+  (``M = max m_c``, ``S = sum s_c exp(m_c - M)``): linear in the chunks.
+* Pass 2 (``_softmax_fwd_split``), over the split chunks only: each
+  normalises its rows with its segment's ``(M, S)``.
 
-The backward has the same two passes with the partial ``sum_seg(g * y)``
-instead of ``(m, s)``, then ``dx = y * (g - sum_seg(g * y))``.
+The backward has the same three steps with the partial ``sum_seg(g * y)``
+instead of ``(m, s)``, then ``dx = y * (g - sum_seg(g * y))``. Grid sizes are
+bounds known without a host sync (:mod:`gnnattn.kernels.chunks`).
 
 Masks
 -----
@@ -69,9 +67,13 @@ loop bound into a Python ``int`` with ``int(ndarray)`` of a one-element 1-D
 array, which NumPy 2 rejects; a ``while`` loop goes through ``bool`` instead,
 which it handles, and compiles to ``scf.while``.
 
-Tested under ``TRITON_INTERPRET=1`` on CPU; not yet run on a GPU (the kernels
-are also compiled for sm_90 offline by the tests, which checks that they
-lower to PTX, not that they are right or fast there).
+Tested under ``TRITON_INTERPRET=1`` on CPU against the reference (split and
+unsplit segments, all ``-inf`` across a split, fp16 logits near 6e4); the
+tests also compile every kernel for sm_90 offline (that they lower, and that
+no float32 scalar reaches a float64 kernel). Not yet run on a GPU: ``.ci/gpu``
+is the probe for the first run. The host entry points check ``ptr`` (from 0
+to ``E``, non-decreasing) before any launch, since compiled kernels do not
+bounds-check.
 """
 
 from __future__ import annotations
