@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -45,6 +46,42 @@ def param_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def train(
+    model: torch.nn.Module,
+    train_data: torch.Tensor,
+    args: argparse.Namespace,
+    steps: int,
+    block: int,
+    device: torch.device,
+    rank: int,
+    world: int,
+) -> float:
+    """Train ``model`` in place under DistributedDataParallel; returns the seconds taken.
+
+    The DDP wrapper is local to this function, so it is freed on return.
+    """
+    ddp = DistributedDataParallel(
+        model, device_ids=None if device.type == "cpu" else [device.index]
+    )
+    opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.01)
+    # Each rank samples its own windows: data parallelism.
+    it = batches(train_data, block, args.batch_size, torch.Generator().manual_seed(1000 + rank))
+    t0 = time.perf_counter()
+    bar = tqdm(range(steps), desc=f"rank {rank}/{world}", disable=rank != 0, mininterval=1.0)
+    for _ in bar:
+        x, y = next(it)
+        logits = ddp(x.to(device))
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.to(device).reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # gradients all-reduced (averaged) across ranks here
+        opt.step()
+        avg = loss.detach().clone()
+        dist.all_reduce(avg)
+        bar.set_postfix(loss=f"{avg.item() / world:.3f}", refresh=False)
+    bar.close()
+    return time.perf_counter() - t0
+
+
 def main(argv: list[str] | None = None) -> dict | None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a small run, under a minute")
@@ -57,6 +94,12 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("gnnattn-demo-out"))
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=90.0,
+        help="seconds a collective waits for the other ranks before it fails (a dead peer)",
+    )
     args = p.parse_args(argv)
     steps = args.steps or (60 if args.quick else 2000)
     block = args.block or (32 if args.quick else 96)
@@ -69,7 +112,9 @@ def main(argv: list[str] | None = None) -> dict | None:
             "  torchrun --standalone --nproc_per_node 2 examples/ddp_train.py --quick"
         )
     use_cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if use_cuda else "gloo")
+    # Every collective (and the rendezvous) fails with an error after --timeout instead
+    # of waiting the default 10-30 minutes for a rank that died.
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     device = (
         torch.device("cuda", int(os.environ["LOCAL_RANK"])) if use_cuda else torch.device("cpu")
@@ -85,30 +130,15 @@ def main(argv: list[str] | None = None) -> dict | None:
 
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP also broadcasts)
     model = CharGPT(len(vocab), block, dim, args.heads, layers).to(device)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if use_cuda else None)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.01)
     loss_start = evaluate(model, val_data, block, 2, args.seed) if rank == 0 else float("nan")
-
-    # Each rank samples its own windows: data parallelism.
-    it = batches(train_data, block, args.batch_size, torch.Generator().manual_seed(1000 + rank))
-    t0 = time.perf_counter()
-    bar = tqdm(range(steps), desc=f"rank {rank}/{world}", disable=rank != 0, mininterval=1.0)
-    for _ in bar:
-        x, y = next(it)
-        logits = ddp(x.to(device))
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.to(device).reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # gradients all-reduced (averaged) across ranks here
-        opt.step()
-        avg = loss.detach().clone()
-        dist.all_reduce(avg)
-        bar.set_postfix(loss=f"{avg.item() / world:.3f}", refresh=False)
-    seconds = time.perf_counter() - t0
+    # The DDP wrapper (and its C++ Reducer, which holds the process group) lives only
+    # inside train(): it is gone before destroy_process_group() below, see the note there.
+    seconds = train(model, train_data, args, steps, block, device, rank, world)
 
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.cpu() for k, v in model.state_dict().items()}, args.out / f"ddp_rank{rank}.pt")
     digests: list[str | None] = [None] * world
-    dist.all_gather_object(digests, param_digest(model))
+    dist.all_gather_object(digests, param_digest(model))  # the last collective
     result = None
     if rank == 0:
         loss_end = evaluate(model, val_data, block, 2, args.seed)
@@ -125,8 +155,16 @@ def main(argv: list[str] | None = None) -> dict | None:
             "digests": digests,
             "identical": same,
         }
-        print("RESULT " + json.dumps(result))
-    dist.barrier()
+        print("RESULT " + json.dumps(result), flush=True)
+    # No barrier here: all_gather_object above already synchronized the ranks, and
+    # rank 0's evaluation is local. Only Python ProcessGroup objects still hold the
+    # group now (the DDP Reducer is gone with train()), and their destructor releases
+    # the GIL while it joins gloo's worker threads. Had DDP's Reducer held the last
+    # reference (``ddp`` alive in this frame), the group would be destroyed when the
+    # Reducer is, with the GIL held, and a worker thread still freeing the Python
+    # tensors of a finished collective waits for the GIL forever: the rank hangs at
+    # exit (rank 1, in up to 1 launch in 4 on 2 busy CPU cores; removing only the
+    # barrier that stood here does not help).
     dist.destroy_process_group()
     return result
 

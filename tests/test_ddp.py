@@ -1,6 +1,8 @@
 """The DDP example on 2 gloo processes, launched with torchrun, ends with identical replicas."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -9,17 +11,87 @@ import pytest
 import torch
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
+# Several launches: the example once hung at exit in about 1 launch in 4 to 6 (a rank
+# deadlocked tearing down the gloo process group), so one launch proved little.
+LAUNCHES = 4
+LAUNCH_TIMEOUT_S = 120  # a quick launch takes about 10 s on 2 CPU cores
+
+
+def _rank_pids(out: Path, exclude: int) -> list[int]:
+    """The processes whose command line names EXAMPLE and ``out``: the ranks of one launch.
+
+    Found by command line, not as torchrun's children: they are reparented if torchrun dies.
+    Linux only (/proc); elsewhere none are found and only torchrun's group is killed.
+    """
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if str(EXAMPLE) in argv and str(out) in argv and int(entry.name) != exclude:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _kill_launch(proc: subprocess.Popen, out: Path) -> None:
+    """SIGKILL torchrun's process group and each rank's: torchrun starts every rank in a
+    session of its own (``start_new_session=True``), so killing torchrun's group alone
+    would leave a hung rank alive."""
+    ranks = _rank_pids(out, exclude=proc.pid)
+    groups = {proc.pid}  # torchrun leads its group: it was started with start_new_session
+    for pid in ranks:
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            pass
+    groups.discard(os.getpgrp())  # never our own (pytest's) group
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in ranks:  # in case a rank's group was ours after all
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _torchrun(out: Path) -> subprocess.CompletedProcess:
+    """One 2-process launch of the quick example, writing into ``out``; on a timeout (or
+    any other error) every process of the launch is killed before the test fails."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd += [str(EXAMPLE), "--quick", "--out", str(out)]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _kill_launch(proc, out)
+        # The ranks hold the pipes too: read them only once every process is dead.
+        stdout, stderr = proc.communicate(timeout=30)
+        pytest.fail(
+            f"torchrun did not finish in {LAUNCH_TIMEOUT_S} s (killed)\n"
+            f"--- stdout ---\n{stdout[-2000:]}\n--- stderr ---\n{stderr[-3000:]}"
+        )
+    finally:
+        if proc.poll() is None:  # an exception other than the timeout, e.g. Ctrl-C
+            _kill_launch(proc, out)
+            proc.wait(timeout=30)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 @pytest.mark.slow
-def test_ddp_two_processes_end_identical(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.run(
-        [*cmd, str(EXAMPLE), "--quick", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+@pytest.mark.parametrize("launch", range(LAUNCHES))
+def test_ddp_two_processes_end_identical(tmp_path, launch):
+    proc = _torchrun(tmp_path)
+    assert not _rank_pids(tmp_path, exclude=-1), "a rank outlived torchrun"
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
     result = json.loads(line[len("RESULT ") :])
@@ -46,7 +118,7 @@ def test_ddp_example_without_torchrun_says_how_to_launch(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
-        env={k: v for k, v in __import__("os").environ.items() if k != "RANK"},
+        env={k: v for k, v in os.environ.items() if k != "RANK"},
     )
     assert proc.returncode != 0
     assert "torchrun --standalone --nproc_per_node 2" in proc.stderr
