@@ -660,8 +660,10 @@ def as_graph(
         if bipartite:
             return AttentionGraph.bipartite(num_src, num_dst, device=device)
         if batch is not None:
-            check_batch(batch, num_dst, device=device)
-            return AttentionGraph.from_batch(batch, causal=causal)
+            # Validated once (one pass and one sync), then only its lengths are kept.
+            lengths = tuple(sequence_lengths(check_batch(batch, num_dst, device=device)))
+            kind = "causal" if causal else "complete"
+            return AttentionGraph._structured(kind, lengths, device=device)
         build = AttentionGraph.causal if causal else AttentionGraph.complete
         return build(num_dst, device=device)
     if not isinstance(graph, AttentionGraph):
