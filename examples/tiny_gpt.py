@@ -11,6 +11,7 @@ the last layer over a generated sample.
     python examples/tiny_gpt.py --quick    # under a minute
 
 Outputs (in --out): ``tiny_gpt_loss.png``, ``tiny_gpt_attention.png``,
+``tiny_gpt_explorer.html`` (every layer and head, in a browser),
 ``tiny_gpt.json`` (losses and the sample). The last line printed is
 ``RESULT {...}`` with the same JSON.
 """
@@ -25,13 +26,24 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from checkpoints import (  # examples/checkpoints.py, next to this file
+    check_config,
+    fail_once,
+    load_model_state,
+    read_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from torch import Tensor
 from tqdm import tqdm
 
 from gnnattn import AttentionGraph
 from gnnattn.nn import GraphTransformer, LearnedPositionalEncoding
+from gnnattn.viz import explore
 
 DATA = Path(__file__).resolve().parent / "data" / "sonnets.txt"
+CKPT_NAME = "tiny_gpt_ckpt.pt"  # in --out; always the latest (replaced atomically)
 
 
 class CharGPT(torch.nn.Module):
@@ -117,49 +129,31 @@ def evaluate(model: CharGPT, data: Tensor, block: int, n_batches: int, seed: int
     return sum(losses) / len(losses)
 
 
+def shown(chars: str) -> list[str]:
+    """One label per character; newline and space made visible."""
+    return ["\u23ce" if c == "\n" else "\u2423" if c == " " else c for c in chars]
+
+
 def draw_attention_dag(chars: str, edge_index: Tensor, alpha: Tensor, path: Path) -> None:
     """The causal attention DAG of one sample: node = character, edge j -> i with
-    width ~ alpha_ij (mean over heads); per target only the strongest edges."""
+    width ~ alpha_ij (mean over heads); per target only the 3 strongest edges."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import networkx as nx
 
-    w = alpha.float().mean(-1)  # (E,)
-    g = nx.DiGraph()
-    t = len(chars)
-    g.add_nodes_from(range(t))
-    src, dst = edge_index.tolist()
-    for i in range(t):
-        incoming = [(w[e].item(), src[e]) for e in range(len(src)) if dst[e] == i and src[e] != i]
-        for weight, j in sorted(incoming, reverse=True)[:3]:
-            g.add_edge(j, i, weight=weight)
-    pos = {i: (i, 0.0) for i in range(t)}
-    fig, ax = plt.subplots(figsize=(max(8, t * 0.45), 4))
-    widths = [4 * d["weight"] for _, _, d in g.edges(data=True)]
-    nx.draw_networkx_edges(
-        g,
-        pos,
-        ax=ax,
-        width=widths,
-        edge_color="tab:blue",
-        alpha=0.6,
-        connectionstyle="arc3,rad=-0.6",
-        arrows=True,
-        arrowsize=8,
+    from gnnattn.viz import draw_attention
+
+    ax = draw_attention(
+        edge_index,
+        alpha,
+        tokens=shown(chars),
+        top_k=3,
+        edge_labels=False,
+        title="last layer's attention over a generated sample (mean over heads, top 3 per target)",
     )
-    nx.draw_networkx_nodes(g, pos, ax=ax, node_color="white", edgecolors="black", node_size=260)
-    labels = {
-        i: ("\u23ce" if c == "\n" else "\u2423" if c == " " else c) for i, c in enumerate(chars)
-    }
-    nx.draw_networkx_labels(g, pos, labels=labels, ax=ax, font_size=9)
-    ax.set_title("last layer's attention over a generated sample (edges j -> i, top 3 per target)")
-    ax.set_ylim(-0.5, 3.5)
-    ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ax.figure.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(ax.figure)
 
 
 def plot_losses(steps: list[int], train: list[float], val: list[tuple[int, float]], path: Path):
@@ -194,7 +188,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sample", type=int, default=None, help="characters to generate")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("gnnattn-demo-out"))
+    p.add_argument(
+        "--ckpt-every",
+        type=int,
+        default=100,
+        help=f"write --out/{CKPT_NAME} every this many steps and at the end (0: never)",
+    )
+    p.add_argument(
+        "--resume",
+        type=Path,
+        nargs="?",
+        const=Path(""),
+        default=None,
+        help=f"continue from a checkpoint (default: --out/{CKPT_NAME}); none there: start fresh",
+    )
+    p.add_argument(
+        "--fail-at-step",
+        type=int,
+        default=None,
+        help="for tests: exit with status 1 after this step, once (a file in --out records it)",
+    )
     a = p.parse_args(argv)
+    if a.resume == Path(""):
+        a.resume = a.out / CKPT_NAME
     # The text is small (10 KB): a bigger model, or many more steps, memorizes
     # it (train loss falls below 1 while the held-out sonnets get worse).
     a.steps = a.steps or (250 if a.quick else 600)
@@ -223,15 +239,53 @@ def main(argv: list[str] | None = None) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, args.lr, total_steps=args.steps)
     n_eval = 4 if args.quick else 10
-    val = [(0, evaluate(model, val_data, args.block, n_eval, args.seed))]
+    gen = torch.Generator().manual_seed(args.seed)
+    # Everything that shapes the run: a checkpoint of another run is refused.
+    config = {
+        "vocab": "".join(vocab),
+        "block": args.block,
+        "embed_dim": args.embed_dim,
+        "layers": args.layers,
+        "heads": args.heads,
+        "dropout": args.dropout,
+        "lr": args.lr,
+        "batch_size": args.batch_size,
+        "steps": args.steps,  # the length of the LR schedule
+        "seed": args.seed,
+        "eval_batches": n_eval,
+    }
+    start, steps, losses, val = 0, [], [], []
+    ckpt = None
+    if args.resume is not None:
+        ckpt = read_checkpoint(args.resume)
+        if ckpt is None:
+            print(f"no checkpoint at {args.resume}: starting fresh")
+    if ckpt is not None:
+        check_config(ckpt, config, args.resume)
+        load_model_state(model, ckpt["model"], args.resume)
+        opt.load_state_dict(ckpt["optimizer"])
+        sched.load_state_dict(ckpt["scheduler"])
+        # Last: building the model above drew from torch's generator.
+        set_rng_state(ckpt["rng"], gen)
+        start = ckpt["step"]
+        steps, losses, val = ckpt["steps"], ckpt["losses"], ckpt["val"]
+        print(f"resumed from {args.resume} at step {start}")
+    else:
+        val = [(0, evaluate(model, val_data, args.block, n_eval, args.seed))]
     print(
         f"vocab {len(vocab)} chars, {data.numel()} chars of text; ln(vocab) = "
         f"{math.log(len(vocab)):.3f}; step 0 validation loss {val[0][1]:.3f}"
     )
-    it = batches(train_data, args.block, args.batch_size, torch.Generator().manual_seed(args.seed))
-    steps, losses = [], []
+    # The batches depend only on gen's state: restored, they continue where they were.
+    it = batches(train_data, args.block, args.batch_size, gen)
     t0 = time.perf_counter()
-    bar = tqdm(range(1, args.steps + 1), desc="training", mininterval=1.0)
+    bar = tqdm(
+        range(start + 1, args.steps + 1),
+        desc="training",
+        initial=start,
+        total=args.steps,
+        mininterval=1.0,
+    )
     for step in bar:
         x, y = next(it)
         logits = model(x)
@@ -246,6 +300,22 @@ def main(argv: list[str] | None = None) -> dict:
         bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
         if step % max(1, args.steps // 5) == 0 or step == args.steps:
             val.append((step, evaluate(model, val_data, args.block, n_eval, args.seed)))
+        if args.ckpt_every and (step % args.ckpt_every == 0 or step == args.steps):
+            save_checkpoint(
+                args.out / CKPT_NAME,
+                {
+                    "config": config,
+                    "step": step,
+                    "model": model.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict(),
+                    "rng": rng_state(gen),
+                    "steps": steps,
+                    "losses": losses,
+                    "val": val,
+                },
+            )
+        fail_once(args.out, step, args.fail_at_step)
     train_s = time.perf_counter() - t0
     plot_losses(steps, losses, val, args.out / "tiny_gpt_loss.png")
 
@@ -267,6 +337,15 @@ def main(argv: list[str] | None = None) -> dict:
         alpha,
         args.out / "tiny_gpt_attention.png",
     )
+    # Every layer and head over the sample's last block, as a page to explore.
+    block = sample_ids[-args.block :].view(1, -1)
+    with torch.no_grad():
+        _, weights = model(block, return_attention_weights=True)
+    explore(
+        weights,
+        tokens=shown("".join(vocab[i] for i in block[0].tolist())),
+        title="tiny GPT: attention over a generated sample",
+    ).save(args.out / "tiny_gpt_explorer.html")
 
     result = {
         "loss_start": val[0][1],

@@ -119,7 +119,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     from . import SelfAttentionConv, causal_graph, complete_graph
     from .compare import compare
-    from .viz import draw_attention, draw_heatmap, draw_side_by_side, softmax_steps
+    from .viz import draw_attention, draw_heatmap, draw_side_by_side, explore, softmax_steps
 
     tokens = args.text.split()
     if not tokens:
@@ -140,10 +140,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     res = compare(layer, x, dtypes=("float32", "float16", "bfloat16"), reps=2)
     print(res.table())
 
-    q = layer.lin_query(x).view(t, h, -1)[:, 0]  # head 0
-    k = layer.lin_key(x).view(t, h, -1)[:, 0]
+    with torch.no_grad():
+        q = layer.lin_query(x).view(t, h, -1)  # (T, H, C)
+        k = layer.lin_key(x).view(t, h, -1)
     print("\nhead 0, step by step for the last token:")
-    print(softmax_steps(q, k, t - 1, scale=layer.scale, tokens=tokens))
+    print(softmax_steps(q[:, 0], k[:, 0], t - 1, scale=layer.scale, tokens=tokens))
 
     paths = []
     with torch.no_grad():
@@ -162,6 +163,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         plt.close(fig)
         paths.append(path)
         print(f"wrote {path}")
+    # The same weights, every head, in a page to explore; with the scores, so
+    # that hovering an edge shows q.k as well as alpha.
+    scores = (q[ei[1]] * k[ei[0]]).sum(-1) * layer.scale  # (E, H)
+    page = explore((ei, alpha), tokens=tokens, scores=scores, title=f"gnnattn demo: {args.text}")
+    path = os.path.join(out, "explorer.html")
+    page.save(path)
+    print(f"wrote {path} (open it in a browser: hover the edges, click a token)")
     return 0 if res.ok else 1
 
 
@@ -221,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.set_defaults(func=_cmd_compare)
     demo = sub.add_parser(
         "demo",
-        help="attention on a sentence: parity table, step-by-step softmax, graph/heatmap/DAG PNGs",
+        help="attention on a sentence: parity table, step-by-step softmax, PNGs, explorer page",
     )
     demo.add_argument(
         "--text", default="The bank of the river", help="the sentence (default %(default)r)"

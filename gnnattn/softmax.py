@@ -23,15 +23,23 @@ follow the same rules and are tested equal.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from .checks import check_int
+from .graphs import check_edge_index
 from .kernels import get as get_kernels
 from .kernels.reference import segment_max, segment_sum
 
-__all__ = ["naive_scatter_softmax", "scatter_softmax", "segment_softmax"]
+__all__ = [
+    "SoftmaxSteps",
+    "naive_scatter_softmax",
+    "scatter_softmax",
+    "segment_softmax",
+    "softmax_steps",
+]
 
 # Below this many elements the compiled kernels' call overhead (CSR pointers,
 # numpy views) costs more than the torch ops they replace.
@@ -216,3 +224,133 @@ def naive_scatter_softmax(
     e = torch.exp(x)
     s = segment_sum(e, index.long(), n)
     return (e / s[index.long()]).movedim(0, dim)
+
+
+# ----------------------------------------------------------------- step by step
+# One target's softmax with every intermediate kept: the lesson's table (printed
+# by `gnnattn demo` and the notebooks). A computation, so it lives here; the
+# drawing modules only show it (gnnattn.viz re-exports it).
+
+
+@dataclass
+class SoftmaxSteps:
+    r"""The softmax of one target, step by step (see :func:`softmax_steps`).
+
+    Attributes:
+        target (int): the target :math:`i`.
+        sources (list of int): its sources :math:`j`, in edge order.
+        labels (list of str): their labels.
+        scores (list of float): :math:`s_{ij} = \text{scale}\, q_i \cdot k_j`.
+        max (float): :math:`m_i = \max_j s_{ij}`.
+        shifted (list of float): :math:`e^{s_{ij} - m_i}`, each in (0, 1].
+        total (float): :math:`\sum_j e^{s_{ij} - m_i}`.
+        weights (list of float): :math:`\alpha_{ij}`, summing to 1.
+    """
+
+    target: int
+    sources: list[int]
+    labels: list[str]
+    scores: list[float]
+    max: float
+    shifted: list[float]
+    total: float
+    weights: list[float]
+
+    def table(self) -> str:
+        """A plain-text table, one row per incoming edge."""
+        rows = [
+            f"softmax for target {self.target}: subtract the max, exponentiate, divide by the sum"
+        ]
+        rows.append(
+            f"{'source j':<14} {'s = q.k':>10} {'s - max':>10} {'exp(s-max)':>11} {'alpha':>8}"
+        )
+        for lab, s, e, w in zip(self.labels, self.scores, self.shifted, self.weights, strict=True):
+            rows.append(f"{lab:<14} {s:>10.4f} {s - self.max:>10.4f} {e:>11.5f} {w:>8.5f}")
+        rows.append(f"{'max':<14} {self.max:>10.4f}")
+        rows.append(f"{'sum':<14} {'':>10} {'':>10} {self.total:>11.5f} {sum(self.weights):>8.5f}")
+        return "\n".join(rows)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def softmax_steps(
+    query: Tensor,
+    key: Tensor,
+    target: int,
+    *,
+    edge_index: Tensor | None = None,
+    scale: float = 1.0,
+    tokens: list[str] | None = None,
+) -> SoftmaxSteps:
+    r"""The stable softmax of one target's incoming edges, every intermediate kept.
+
+    .. math::
+        s_{ij} = \text{scale}\; q_i \cdot k_j,\quad m_i = \max_j s_{ij},\quad
+        \alpha_{ij} = \frac{e^{s_{ij} - m_i}}{\sum_k e^{s_{ik} - m_i}}
+
+    Subtracting :math:`m_i` changes nothing mathematically (the factor
+    :math:`e^{-m_i}` cancels) but keeps every exponential in (0, 1].
+
+    Args:
+        query (Tensor): ``[N, C]`` queries (for simplified attention, ``x``).
+        key (Tensor): ``[M, C]`` keys (for simplified attention, ``x`` again).
+        target (int): the target :math:`i`.
+        edge_index (Tensor, optional): ``[2, E]``; the sources of ``target``.
+            (default: :obj:`None`, every key)
+        scale (float, optional): multiplies the dot products, e.g.
+            :math:`1/\sqrt{C}`. (default: ``1.0``)
+        tokens (list of str, optional): labels of the keys. (default: :obj:`None`)
+
+    Shapes:
+        - **query:** ``[N, C]``; **key:** ``[M, C]``; **edge_index:** ``[2, E]``
+        - **output:** a :class:`SoftmaxSteps` with one entry per incoming edge
+          of ``target`` (every key without ``edge_index``).
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+        >>> st = softmax_steps(x, x, 2)
+        >>> st.scores, st.max, [round(w, 4) for w in st.weights]
+        ([1.0, 1.0, 2.0], 2.0, [0.2119, 0.2119, 0.5761])
+    """
+    for name, t in (("query", query), ("key", key)):
+        if not isinstance(t, Tensor) or t.dim() != 2:
+            raise ValueError(
+                f"Expected '{name}' of shape [N, C], got {list(getattr(t, 'shape', []))}"
+            )
+    if query.shape[1] != key.shape[1]:
+        raise ValueError(
+            f"Expected 'query' and 'key' of one width, got {query.shape[1]} and {key.shape[1]}"
+        )
+    n, m = query.shape[0], key.shape[0]
+    check_int(target, "target")
+    if target >= n:
+        raise ValueError(f"Expected 'target' an int in [0, {n}), got {target!r}")
+    if tokens is not None and len(tokens) != m:
+        raise ValueError(f"Expected 'tokens' to hold one label per key ({m}), got {len(tokens)}")
+    if edge_index is None:
+        src = torch.arange(m)
+    else:
+        check_edge_index(edge_index, m, n)
+        src = edge_index[0][edge_index[1] == target].long().cpu()
+    q = query.detach().double()[target]
+    s = (key.detach().double()[src] @ q) * scale  # (deg,)
+    if src.numel() == 0:
+        mx, shifted, total, weights = float("-inf"), s, 0.0, s
+    else:
+        mx_t = s.max()
+        shifted = torch.exp(s - mx_t)
+        total_t = shifted.sum()
+        weights = shifted / total_t
+        mx, total = float(mx_t), float(total_t)
+    labels = [str(t) for t in tokens] if tokens is not None else [str(j) for j in range(m)]
+    return SoftmaxSteps(
+        target=target,
+        sources=src.tolist(),
+        labels=[labels[j] for j in src.tolist()],
+        scores=s.tolist(),
+        max=mx,
+        shifted=shifted.tolist(),
+        total=total,
+        weights=weights.tolist(),
+    )

@@ -13,6 +13,9 @@ def test_demo_writes_pngs(tmp_path, capsys):
         assert path.exists() and os.path.getsize(path) > 5000
         assert str(path) in out
     assert "agreement: OK" in out and "subtract the max" in out
+    page = tmp_path / "explorer.html"
+    assert str(page) in out and page.stat().st_size > 100_000
+    assert '"labels":["a","small","cat","sat"]' in page.read_text(encoding="utf-8")
 
 
 def test_compare_command(capsys):

@@ -33,6 +33,8 @@ def test_tiny_gpt_learns(tmp_path):
     assert result["train_loss_last"] < result["train_loss_first"]
     for png in ("tiny_gpt_loss.png", "tiny_gpt_attention.png"):
         assert (tmp_path / png).stat().st_size > 10_000
+    page = (tmp_path / "tiny_gpt_explorer.html").read_text(encoding="utf-8")
+    assert '"name":"layer 1"' in page and "<canvas" in page  # every layer, as a page
     saved = json.loads((tmp_path / "tiny_gpt.json").read_text())
     assert saved["sample"].startswith("Shall I ") and len(saved["sample"]) > 100
     assert "--- sample ---" in proc.stdout

@@ -1,0 +1,826 @@
+// gnnattn attention explorer: the page logic. Data come from the JSON block
+// written by gnnattn.viz.explore; drawing is on <canvas> (an SVG element per
+// edge does not scale to 100k edges), with d3 for zoom/pan, hit-testing of
+// nodes (quadtree), colour scales and DOM updates.
+(function () {
+  "use strict";
+  const D = JSON.parse(document.getElementById("gnnattn-data").textContent);
+  const EDGE = "#1f77b4";
+  const HILITE = "#d62728";
+  const MAX_WIDTH = D.maxWidth; // px of an edge of weight 1
+  const OPACITY_FLOOR = D.opacityFloor; // so that faint edges stay visible
+  const LEVELS = 256; // edges are stroked in 256 weight levels, one path each
+  const ARROWS_UP_TO = 3000; // arrowheads only while they can be told apart
+  const TABLE_ROWS = 64;
+
+  // ------------------------------------------------------------------ data
+  function decode(s, Type) {
+    const bin = atob(s);
+    const bytes = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+    return new Type(bytes.buffer);
+  }
+  const N = D.n;
+  const IDX = D.idx === "u16" ? Uint16Array : Int32Array;
+  const labels = D.labels;
+  const wx = decode(D.x, Float32Array);
+  const wy = decode(D.y, Float32Array); // screen orientation: y grows downwards
+  const layers = D.layers.map(function (L) {
+    const src = decode(L.src, IDX);
+    const rowptr = decode(L.rowptr, Int32Array);
+    const E = src.length;
+    const dst = new Int32Array(E);
+    let maxDeg = 0;
+    for (let i = 0; i < N; i++) {
+      maxDeg = Math.max(maxDeg, rowptr[i + 1] - rowptr[i]);
+      for (let e = rowptr[i]; e < rowptr[i + 1]; e++) dst[e] = i;
+    }
+    return {
+      name: L.name, H: L.heads, E: E, src: src, dst: dst, rowptr: rowptr, maxDeg: maxDeg,
+      edgesIn: L.edgesIn,
+      alpha: decode(L.alpha, Float32Array), // [H, E], head-major
+      scores: L.scores ? decode(L.scores, Float32Array) : null,
+      amax: decode(L.amax, Float32Array), // [H, N]: max alpha of each full row
+      asum: decode(L.asum, Float32Array),
+      smax: L.smax ? decode(L.smax, Float32Array) : null, // [H, N]: m_i
+      ssum: L.ssum ? decode(L.ssum, Float32Array) : null, // [H, N]: sum exp(s - m_i)
+      note: L.note,
+      derived: new Map(),
+    };
+  });
+
+  const S = { layer: 0, head: 0, topk: 1, minw: 0, focus: -1, hover: null };
+
+  function cur() { return layers[S.layer]; }
+
+  function weightsOf(L, h) {
+    if (h >= 0) return L.alpha.subarray(h * L.E, (h + 1) * L.E);
+    const key = "mean";
+    if (!L.derived.has(key)) {
+      const m = new Float32Array(L.E);
+      for (let hh = 0; hh < L.H; hh++) {
+        const a = L.alpha.subarray(hh * L.E, (hh + 1) * L.E);
+        for (let e = 0; e < L.E; e++) m[e] += a[e];
+      }
+      for (let e = 0; e < L.E; e++) m[e] /= L.H;
+      L.derived.set(key, m);
+    }
+    return L.derived.get(key);
+  }
+
+  // Rank of each edge among its target's incoming edges, heaviest first (ties:
+  // edge order), per head; computed once per head when first shown.
+  function rankOf(L, h) {
+    const key = "rank" + h;
+    if (!L.derived.has(key)) {
+      const w = weightsOf(L, h);
+      const order = new Int32Array(L.E);
+      for (let e = 0; e < L.E; e++) order[e] = e;
+      const rank = new Int32Array(L.E);
+      for (let i = 0; i < N; i++) {
+        const a = L.rowptr[i], b = L.rowptr[i + 1];
+        if (b - a < 2) { if (b > a) rank[a] = 0; continue; }
+        const seg = order.subarray(a, b);
+        seg.sort(function (p, q) { return w[q] - w[p] || p - q; });
+        for (let r = 0; r < seg.length; r++) rank[seg[r]] = r;
+      }
+      L.derived.set(key, rank);
+    }
+    return L.derived.get(key);
+  }
+
+  function findEdge(L, j, i) {
+    // Sources are sorted within a target: binary search the row.
+    let lo = L.rowptr[i], hi = L.rowptr[i + 1] - 1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      if (L.src[mid] < j) lo = mid + 1;
+      else if (L.src[mid] > j) hi = mid - 1;
+      else return findFirst(L, mid, j, i); // duplicates: the first of them
+    }
+    return -1;
+  }
+  function findFirst(L, e, j, i) {
+    while (e > L.rowptr[i] && L.src[e - 1] === j) e--;
+    return e;
+  }
+
+  // -------------------------------------------------------------- visibility
+  let vis = new Uint8Array(0);
+  let drawn = new Int32Array(0); // visible edges, lightest first
+  let levelStart = new Int32Array(LEVELS + 1);
+
+  function level(w) { return Math.min(LEVELS - 1, Math.max(0, Math.round(w * (LEVELS - 1)))); }
+
+  function computeVisible() {
+    const L = cur();
+    const w = weightsOf(L, S.head);
+    const rank = rankOf(L, S.head);
+    const k = S.topk, mw = S.minw, f = S.focus;
+    if (vis.length !== L.E) vis = new Uint8Array(L.E);
+    const counts = new Int32Array(LEVELS + 1);
+    let n = 0;
+    for (let e = 0; e < L.E; e++) {
+      const on = rank[e] < k && w[e] >= mw && (f < 0 || L.dst[e] === f);
+      vis[e] = on ? 1 : 0;
+      if (on) { counts[level(w[e]) + 1]++; n++; }
+    }
+    for (let l = 0; l < LEVELS; l++) counts[l + 1] += counts[l];
+    levelStart = counts.slice();
+    drawn = new Int32Array(n);
+    const fill = counts;
+    for (let e = 0; e < L.E; e++) if (vis[e]) drawn[fill[level(w[e])]++] = e;
+    document.body.dataset.drawn = String(n);
+    d3.select("#status").text(n + " of " + L.E + " edges drawn" +
+      (S.focus >= 0 ? " (incoming edges of " + labelOf(S.focus) + ")" : ""));
+  }
+
+  // ---------------------------------------------------------------- geometry
+  const graphStack = document.getElementById("graph-stack");
+  const gCanvas = document.getElementById("graph");
+  const gOver = document.getElementById("graph-overlay");
+  const dpr = window.devicePixelRatio || 1;
+  let GW = 0, GH = 0;
+  let fit = { s: 1, ox: 0, oy: 0 };
+  let T = d3.zoomIdentity;
+  const sx = new Float64Array(N), sy = new Float64Array(N);
+  let nodeR0 = 8; // node radius in px at zoom 1
+  const rad = D.rad; // arc bend, in screen orientation
+  let centreX = 0, centreY = 0;
+
+  function sizeCanvas(c, w, h) {
+    c.width = Math.round(w * dpr); c.height = Math.round(h * dpr);
+    c.style.width = w + "px"; c.style.height = h + "px";
+  }
+
+  function computeFit() {
+    GW = Math.max(200, graphStack.clientWidth);
+    GH = Math.max(200, graphStack.clientHeight);
+    sizeCanvas(gCanvas, GW, GH); sizeCanvas(gOver, GW, GH);
+    // The box around the nodes and the apexes of the arcs of the first layer.
+    let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
+    function take(x, y) { if (x < x0) x0 = x; if (x > x1) x1 = x; if (y < y0) y0 = y; if (y > y1) y1 = y; }
+    for (let i = 0; i < N; i++) take(wx[i], wy[i]);
+    const L = layers[0];
+    for (let e = 0; e < L.E; e++) {
+      const j = L.src[e], i = L.dst[e];
+      if (i === j) continue;
+      const dx = wx[i] - wx[j], dy = wy[i] - wy[j];
+      take((wx[i] + wx[j]) / 2 + rad * dy / 2, (wy[i] + wy[j]) / 2 - rad * dx / 2);
+    }
+    if (!isFinite(x0)) { x0 = y0 = -1; x1 = y1 = 1; }
+    const pad = 28;
+    const w = Math.max(x1 - x0, 1e-9), h = Math.max(y1 - y0, 1e-9);
+    const s = Math.min((GW - 2 * pad) / w, (GH - 2 * pad) / h);
+    const s2 = (x1 - x0 < 1e-9 && y1 - y0 < 1e-9) ? 1 : s;
+    fit = { s: s2, ox: GW / 2 - s2 * (x0 + x1) / 2, oy: GH / 2 - s2 * (y0 + y1) / 2 };
+    centreX = (x0 + x1) / 2; centreY = (y0 + y1) / 2;
+    // Node radius from the spacing of the nodes: 0.4 of the median distance
+    // to the nearest other node, between 2 and 16 px.
+    const pts = [];
+    for (let i = 0; i < N; i++) pts.push([wx[i] * fit.s + fit.ox, wy[i] * fit.s + fit.oy, i]);
+    let nn = [];
+    if (N > 1) {
+      const qt = d3.quadtree().addAll(pts);
+      for (const p of pts) {
+        qt.remove(p);
+        const q = qt.find(p[0], p[1]);
+        qt.add(p);
+        if (q) nn.push(Math.hypot(q[0] - p[0], q[1] - p[1]));
+      }
+      nn.sort(function (a, b) { return a - b; });
+    }
+    const med = nn.length ? nn[nn.length >> 1] : 40;
+    nodeR0 = Math.max(2, Math.min(16, 0.4 * med));
+  }
+
+  function project() {
+    for (let i = 0; i < N; i++) {
+      sx[i] = T.k * (wx[i] * fit.s + fit.ox) + T.x;
+      sy[i] = T.k * (wy[i] * fit.s + fit.oy) + T.y;
+    }
+  }
+  function nodeR() { return Math.min(40, nodeR0 * T.k); }
+
+  // Control point of edge e's quadratic arc, in screen px.
+  function control(j, i) {
+    const dx = sx[i] - sx[j], dy = sy[i] - sy[j];
+    return [(sx[i] + sx[j]) / 2 + rad * dy, (sy[i] + sy[j]) / 2 - rad * dx];
+  }
+  // A self-loop: a circle just outside the node, away from the centre.
+  function loopOf(i) {
+    const r = nodeR(), lr = 0.8 * r;
+    let dx, dy;
+    if (D.layout === "layered") { dx = 0; dy = 1; } else {
+      const cx = T.k * (centreX * fit.s + fit.ox) + T.x, cy = T.k * (centreY * fit.s + fit.oy) + T.y;
+      dx = sx[i] - cx; dy = sy[i] - cy;
+      const nrm = Math.hypot(dx, dy);
+      if (nrm > 1e-9) { dx /= nrm; dy /= nrm; } else { dx = 0; dy = -1; }
+    }
+    return [sx[i] + dx * (r + 0.7 * lr), sy[i] + dy * (r + 0.7 * lr), lr];
+  }
+
+  function tracePath(ctx, e) {
+    const L = cur();
+    const j = L.src[e], i = L.dst[e];
+    if (i === j) {
+      const c = loopOf(i);
+      ctx.moveTo(c[0] + c[2], c[1]);
+      ctx.arc(c[0], c[1], c[2], 0, 2 * Math.PI);
+      return;
+    }
+    const c = control(j, i);
+    ctx.moveTo(sx[j], sy[j]);
+    ctx.quadraticCurveTo(c[0], c[1], sx[i], sy[i]);
+  }
+
+  function traceArrow(ctx, e, size) {
+    const L = cur();
+    const j = L.src[e], i = L.dst[e];
+    if (i === j) return;
+    const c = control(j, i);
+    let dx = sx[i] - c[0], dy = sy[i] - c[1];
+    const nrm = Math.hypot(dx, dy) || 1;
+    dx /= nrm; dy /= nrm;
+    const r = nodeR();
+    const tx = sx[i] - dx * r, ty = sy[i] - dy * r;
+    ctx.moveTo(tx, ty);
+    ctx.lineTo(tx - dx * size - dy * size * 0.5, ty - dy * size + dx * size * 0.5);
+    ctx.lineTo(tx - dx * size + dy * size * 0.5, ty - dy * size - dx * size * 0.5);
+    ctx.closePath();
+  }
+
+  function widthOf(w) { return Math.max(MAX_WIDTH * w, 0.5); }
+  function opacityOf(w) { return Math.min(1, Math.max(w, OPACITY_FLOOR)); }
+
+  function labelOf(i) { return "'" + labels[i] + "' (" + i + ")"; }
+
+  // ------------------------------------------------------------------ drawing
+  function drawGraph() {
+    const ctx = gCanvas.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, GW, GH);
+    project();
+    ctx.strokeStyle = EDGE; ctx.fillStyle = EDGE;
+    ctx.lineCap = "round";
+    const arrows = drawn.length <= ARROWS_UP_TO;
+    for (let l = 0; l < LEVELS; l++) {
+      const a = levelStart[l], b = levelStart[l + 1];
+      if (a === b) continue;
+      const w = l / (LEVELS - 1);
+      ctx.globalAlpha = opacityOf(w);
+      ctx.lineWidth = widthOf(w);
+      ctx.beginPath();
+      for (let k = a; k < b; k++) tracePath(ctx, drawn[k]);
+      ctx.stroke();
+      if (arrows) {
+        ctx.beginPath();
+        for (let k = a; k < b; k++) traceArrow(ctx, drawn[k], 5 + 1.5 * widthOf(w));
+        ctx.fill();
+      }
+    }
+    ctx.globalAlpha = 1;
+    const r = nodeR();
+    ctx.lineWidth = r > 4 ? 1.2 : 0.6;
+    ctx.strokeStyle = "#000"; ctx.fillStyle = "#fff";
+    ctx.beginPath();
+    for (let i = 0; i < N; i++) { ctx.moveTo(sx[i] + r, sy[i]); ctx.arc(sx[i], sy[i], r, 0, 2 * Math.PI); }
+    ctx.fill(); ctx.stroke();
+    if (r >= 5) { // a label fits from here on (a character at least)
+      ctx.fillStyle = "#000"; ctx.textAlign = "center"; ctx.textBaseline = "middle";
+      const big = Math.min(13, Math.max(8, 0.85 * r));
+      for (let i = 0; i < N; i++) {
+        // Long labels get a smaller font, down to 8 px, then are shortened.
+        const len = labels[i].length;
+        const fs = Math.max(8, Math.min(big, (2.1 * r) / (0.55 * Math.max(len, 1))));
+        const maxChars = Math.max(1, Math.floor((2.1 * r) / (0.55 * fs)));
+        ctx.font = fs.toFixed(1) + "px system-ui, sans-serif";
+        ctx.fillText(len > maxChars ? labels[i].slice(0, maxChars - 1) + "\u2026" : labels[i], sx[i], sy[i]);
+      }
+    }
+  }
+
+  function drawOverlay() {
+    const ctx = gOver.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, GW, GH);
+    const L = cur();
+    const r = nodeR();
+    function ring(i, color) {
+      ctx.strokeStyle = color; ctx.lineWidth = 2.5;
+      ctx.beginPath(); ctx.arc(sx[i], sy[i], r + 2, 0, 2 * Math.PI); ctx.stroke();
+    }
+    if (S.focus >= 0) ring(S.focus, HILITE);
+    const h = S.hover;
+    if (h && h.edge >= 0) {
+      ctx.strokeStyle = HILITE; ctx.fillStyle = HILITE; ctx.globalAlpha = 0.9;
+      ctx.lineWidth = Math.max(2.5, widthOf(weightsOf(L, S.head)[h.edge]));
+      ctx.beginPath(); tracePath(ctx, h.edge); ctx.stroke();
+      ctx.beginPath(); traceArrow(ctx, h.edge, 9); ctx.fill();
+      ctx.globalAlpha = 1;
+      ring(L.src[h.edge], "#ff7f0e"); ring(L.dst[h.edge], HILITE);
+    } else if (h && h.node >= 0) {
+      ring(h.node, "#ff7f0e");
+    }
+  }
+
+  // Matrix: one pixel per cell in an N x N image, scaled up without smoothing.
+  const MATRIX_MAX_N = 2048;
+  const mStack = document.getElementById("matrix-stack");
+  const mCanvas = document.getElementById("matrix");
+  const mOver = document.getElementById("matrix-overlay");
+  const mImage = document.createElement("canvas");
+  let M = { size: 0, left: 0, top: 0, cell: 1, labels: false, on: N > 0 && N <= MATRIX_MAX_N };
+  const blues = new Uint8Array(LEVELS * 3);
+  const pale = new Uint8Array(LEVELS * 3);
+  for (let l = 0; l < LEVELS; l++) {
+    const c = d3.rgb(d3.interpolateBlues(l / (LEVELS - 1)));
+    blues[3 * l] = c.r; blues[3 * l + 1] = c.g; blues[3 * l + 2] = c.b;
+    // Hidden by a filter: the same colour, three quarters of the way to white.
+    pale[3 * l] = 255 - (255 - c.r) / 4; pale[3 * l + 1] = 255 - (255 - c.g) / 4;
+    pale[3 * l + 2] = 255 - (255 - c.b) / 4;
+  }
+
+  function layoutMatrix() {
+    const width = Math.max(300, Math.min(460, document.getElementById("side").clientWidth || 440));
+    M.labels = N <= 48;
+    const margin = M.labels ? 64 : 6;
+    M.cell = N ? (width - margin - 6) / N : 1;
+    if (M.labels) M.cell = Math.floor(M.cell);
+    M.left = margin; M.top = margin;
+    M.size = M.left + M.cell * N + 6;
+    mStack.style.height = (M.on ? M.size : 40) + "px";
+    sizeCanvas(mCanvas, M.size, M.on ? M.size : 40); sizeCanvas(mOver, M.size, M.on ? M.size : 40);
+    mImage.width = Math.max(1, N); mImage.height = Math.max(1, N);
+  }
+
+  function drawMatrix() {
+    const ctx = mCanvas.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, M.size, M.size);
+    if (!M.on) {
+      ctx.fillStyle = "#777"; ctx.font = "12px system-ui, sans-serif";
+      ctx.fillText(N ? "matrix off: " + N + " x " + N + " cells do not fit a screen" : "no nodes", 8, 24);
+      return;
+    }
+    const L = cur();
+    const w = weightsOf(L, S.head);
+    const ictx = mImage.getContext("2d");
+    const img = ictx.createImageData(N, N);
+    const px = img.data;
+    for (let p = 0; p < px.length; p += 4) { px[p] = 221; px[p + 1] = 221; px[p + 2] = 221; px[p + 3] = 255; }
+    for (let e = 0; e < L.E; e++) {
+      const p = 4 * (L.dst[e] * N + L.src[e]);
+      const l = 3 * level(w[e]);
+      const lut = vis[e] ? blues : pale;
+      px[p] = lut[l]; px[p + 1] = lut[l + 1]; px[p + 2] = lut[l + 2];
+    }
+    ictx.putImageData(img, 0, 0);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(mImage, M.left, M.top, M.cell * N, M.cell * N);
+    if (M.labels) {
+      ctx.fillStyle = "#222"; ctx.font = Math.min(11, Math.max(7, M.cell)) + "px system-ui, sans-serif";
+      ctx.textBaseline = "middle";
+      for (let i = 0; i < N; i++) {
+        const t = labels[i].length > 9 ? labels[i].slice(0, 8) + "\u2026" : labels[i];
+        ctx.textAlign = "right";
+        ctx.fillText(t, M.left - 4, M.top + (i + 0.5) * M.cell);
+        ctx.save();
+        ctx.translate(M.left + (i + 0.5) * M.cell, M.top - 4);
+        ctx.rotate(-Math.PI / 3); ctx.textAlign = "left";
+        ctx.fillText(t, 0, 0);
+        ctx.restore();
+      }
+      if (N <= 12) {
+        ctx.textAlign = "center"; ctx.font = "10px system-ui, sans-serif";
+        for (let e = 0; e < L.E; e++) {
+          ctx.fillStyle = w[e] > 0.6 ? "#fff" : "#000";
+          ctx.fillText(w[e].toFixed(2), M.left + (L.src[e] + 0.5) * M.cell, M.top + (L.dst[e] + 0.5) * M.cell);
+        }
+      }
+    }
+  }
+
+  function drawMatrixOverlay() {
+    const ctx = mOver.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, M.size, M.size);
+    if (!M.on) return;
+    const L = cur();
+    const c = Math.max(M.cell, 3);
+    ctx.lineWidth = 2;
+    if (S.focus >= 0) {
+      ctx.strokeStyle = HILITE;
+      ctx.strokeRect(M.left - 1, M.top + S.focus * M.cell - 1, M.cell * N + 2, Math.max(M.cell, 1) + 2);
+    }
+    const h = S.hover;
+    if (h && h.cell) {
+      const x = M.left + (h.cell[1] + 0.5) * M.cell, y = M.top + (h.cell[0] + 0.5) * M.cell;
+      ctx.strokeStyle = "rgba(214, 39, 40, 0.35)"; ctx.lineWidth = 1;
+      ctx.beginPath();
+      ctx.moveTo(M.left, y); ctx.lineTo(M.left + M.cell * N, y);
+      ctx.moveTo(x, M.top); ctx.lineTo(x, M.top + M.cell * N);
+      ctx.stroke();
+      ctx.strokeStyle = HILITE; ctx.lineWidth = 2;
+      ctx.strokeRect(x - c / 2 - 1, y - c / 2 - 1, c + 2, c + 2);
+    }
+  }
+
+  function drawLegend() {
+    const c = document.getElementById("legend-lines");
+    const ctx = c.getContext("2d");
+    ctx.clearRect(0, 0, c.width, c.height);
+    ctx.font = "11px system-ui, sans-serif"; ctx.fillStyle = "#222"; ctx.textBaseline = "middle";
+    [1, 0.5, 0.1, 0.01].forEach(function (w, k) {
+      const x = 6 + k * 82;
+      ctx.strokeStyle = EDGE; ctx.globalAlpha = opacityOf(w); ctx.lineWidth = widthOf(w);
+      ctx.beginPath(); ctx.moveTo(x, 17); ctx.lineTo(x + 30, 17); ctx.stroke();
+      ctx.globalAlpha = 1; ctx.fillText("\u03b1 = " + w, x + 34, 17);
+    });
+    d3.select("#legend-text").text("width = " + MAX_WIDTH + " px \u00d7 \u03b1, opacity = \u03b1 (at least " +
+      OPACITY_FLOOR + "); the weights are never rescaled");
+    const cb = document.getElementById("colorbar");
+    const cctx = cb.getContext("2d");
+    cctx.clearRect(0, 0, cb.width, cb.height);
+    for (let x = 0; x < 300; x++) {
+      cctx.fillStyle = d3.interpolateBlues(x / 299); cctx.fillRect(60 + x, 4, 1, 12);
+    }
+    cctx.strokeStyle = "#999"; cctx.strokeRect(60, 4, 300, 12);
+    cctx.fillStyle = "#222"; cctx.font = "11px system-ui, sans-serif"; cctx.textBaseline = "top";
+    cctx.textAlign = "right"; cctx.fillText("\u03b1", 52, 4);
+    cctx.textAlign = "center";
+    [0, 0.25, 0.5, 0.75, 1].forEach(function (v) { cctx.fillText(String(v), 60 + 300 * v, 18); });
+  }
+
+  // ------------------------------------------------------------------ numbers
+  function fmt(x) {
+    if (x === Infinity) return "inf";
+    if (x === -Infinity) return "\u2212inf";
+    if (x !== x) return "NaN";
+    if (x === 0) return "0";
+    const a = Math.abs(x);
+    return (a >= 1e-3 && a < 1e5) ? x.toPrecision(4) : x.toExponential(3);
+  }
+
+  // What the softmax of target i did, for head h (h >= 0), edge by edge.
+  function rowFacts(L, h, i) {
+    const a = L.alpha.subarray(h * L.E, (h + 1) * L.E);
+    const amax = L.amax[h * N + i], asum = L.asum[h * N + i];
+    if (L.scores) {
+      return { scored: true, m: L.smax[h * N + i], sum: L.ssum[h * N + i], asum: asum,
+        s: function (e) { return L.scores[h * L.E + e]; },
+        shifted: function (e) { return L.scores[h * L.E + e] - L.smax[h * N + i]; }, a: a };
+    }
+    // Without scores, s - m_i is still known exactly: alpha = exp(s - m) / Z
+    // gives ln alpha - ln max alpha = s - m, and Z = sum exp(s - m) = 1 / max alpha.
+    return { scored: false, m: NaN, sum: 1 / amax, asum: asum, s: null,
+      shifted: function (e) { return Math.log(a[e]) - Math.log(amax); }, a: a };
+  }
+
+  function edgeText(e) {
+    const L = cur();
+    const j = L.src[e], i = L.dst[e];
+    const lines = ["edge j \u2192 i: " + labelOf(j) + " \u2192 " + labelOf(i) + "   [" + L.name + "]" +
+      (vis[e] ? "" : "   (hidden by a filter)")];
+    if (S.head < 0) {
+      const w = weightsOf(L, -1)[e];
+      lines.push("\u03b1 = " + fmt(w) + "   (mean over " + L.H + " heads, not one head's softmax)");
+      const per = [];
+      for (let h = 0; h < L.H; h++) per.push(fmt(L.alpha[h * L.E + e]));
+      lines.push("per head: " + per.join(", "));
+      return lines.join("\n");
+    }
+    const f = rowFacts(L, S.head, i);
+    lines.push("\u03b1 = " + fmt(f.a[e]) + "   (head " + S.head + ")");
+    if (f.scored) {
+      lines.push("score s = " + fmt(f.s(e)));
+      lines.push("target max m_i = " + fmt(f.m));
+      lines.push("s \u2212 m_i = " + fmt(f.shifted(e)) + ",  exp(s \u2212 m_i) = " + fmt(Math.exp(f.shifted(e))));
+      lines.push("target sum \u03a3 exp(s \u2212 m_i) = " + fmt(f.sum));
+    } else {
+      lines.push("s \u2212 m_i = " + fmt(f.shifted(e)) + "   (ln \u03b1 \u2212 ln max \u03b1; scores not given)");
+      lines.push("target sum \u03a3 exp(s \u2212 m_i) = 1 / max \u03b1 = " + fmt(f.sum));
+    }
+    return lines.join("\n");
+  }
+
+  const tip = d3.select("#tooltip");
+  function showTip(text, ev, attrs) {
+    tip.text(text).attr("hidden", null);
+    tip.attr("data-edge", attrs.edge || null).attr("data-alpha", attrs.alpha || null);
+    const node = tip.node();
+    const x = Math.min(ev.clientX + 14, window.innerWidth - node.offsetWidth - 4);
+    const y = Math.min(ev.clientY + 14, window.innerHeight - node.offsetHeight - 4);
+    tip.style("left", Math.max(0, x) + "px").style("top", Math.max(0, y) + "px");
+  }
+  function hideTip() { tip.attr("hidden", true); }
+
+  // --------------------------------------------------------------- the table
+  function drawTable() {
+    const box = d3.select("#softmax");
+    box.selectAll("*").remove();
+    if (S.focus < 0) {
+      box.append("span").attr("class", "hint").text("Click a token (in the graph, or a row of the " +
+        "matrix) to see its incoming edges and its softmax step by step.");
+      return;
+    }
+    const L = cur(), i = S.focus;
+    const a0 = L.rowptr[i], a1 = L.rowptr[i + 1];
+    const w = weightsOf(L, S.head);
+    const edges = [];
+    for (let e = a0; e < a1; e++) edges.push(e);
+    edges.sort(function (p, q) { return w[q] - w[p] || p - q; });
+    let title = "softmax of target " + labelOf(i) + ": its " + (a1 - a0) + " incoming edges (one row)";
+    if (L.edgesIn > L.E) title += "; the row was cut before writing, \u03a3 \u03b1 shown < 1 where edges were dropped";
+    box.append("div").style("font-weight", 600).text(title);
+    const table = box.append("table");
+    const head = table.append("thead").append("tr");
+    let cols;
+    if (S.head < 0) {
+      box.insert("div", "table").attr("class", "hint").text("mean over heads: an average of " + L.H +
+        " softmaxes, not a softmax itself; pick a head for the subtract-the-max steps");
+      cols = ["source j", "\u03b1 (mean)"];
+    } else {
+      const f = rowFacts(L, S.head, i);
+      cols = f.scored ? ["source j", "s = q\u00b7k", "s \u2212 max", "exp(s \u2212 max)", "\u03b1"]
+        : ["source j", "s \u2212 max", "exp(s \u2212 max)", "\u03b1"];
+    }
+    cols.forEach(function (c) { head.append("th").text(c); });
+    const body = table.append("tbody");
+    const f = S.head >= 0 ? rowFacts(L, S.head, i) : null;
+    edges.slice(0, TABLE_ROWS).forEach(function (e) {
+      const tr = body.append("tr").attr("data-src", L.src[e]).classed("hidden-edge", !vis[e]);
+      tr.append("td").text(labelOf(L.src[e]) + (vis[e] ? "" : " (hidden)"));
+      if (f) {
+        if (f.scored) tr.append("td").text(fmt(f.s(e)));
+        tr.append("td").text(fmt(f.shifted(e)));
+        tr.append("td").text(fmt(Math.exp(f.shifted(e))));
+      }
+      tr.append("td").attr("class", "alpha").text(fmt(w[e]));
+    });
+    if (edges.length > TABLE_ROWS) {
+      let rest = 0;
+      for (let k = TABLE_ROWS; k < edges.length; k++) rest += w[edges[k]];
+      body.append("tr").append("td").attr("colspan", cols.length)
+        .text("\u2026 " + (edges.length - TABLE_ROWS) + " lighter edges, \u03a3 \u03b1 = " + fmt(rest));
+    }
+    let total = 0;
+    for (const e of edges) total += w[e];
+    const foot = table.append("tfoot");
+    if (f) {
+      const r1 = foot.append("tr");
+      r1.append("td").text(f.scored ? "max m_i" : "max");
+      if (f.scored) r1.append("td").text(fmt(f.m));
+      r1.append("td").text("0"); r1.append("td").text("1"); r1.append("td").text("");
+      const r2 = foot.append("tr");
+      r2.append("td").text("sum");
+      if (f.scored) r2.append("td").text("");
+      r2.append("td").text(""); r2.append("td").text(fmt(f.sum)); r2.append("td").text(fmt(total));
+    } else {
+      const r = foot.append("tr");
+      r.append("td").text("sum"); r.append("td").text(fmt(total));
+    }
+  }
+
+  // ---------------------------------------------------------------- updates
+  let pending = { visible: false, graph: false, matrix: false, overlay: false, table: false };
+  let frameRequested = false;
+  const api = { ready: false, firstPaintMs: NaN, lastFrameMs: NaN, frames: 0 };
+
+  function frame() {
+    frameRequested = false;
+    const t = performance.now();
+    const p = pending;
+    pending = { visible: false, graph: false, matrix: false, overlay: false, table: false };
+    if (p.visible) computeVisible();
+    if (p.graph || p.visible) drawGraph();
+    if (p.matrix || p.visible) drawMatrix();
+    if (p.overlay || p.graph || p.visible) { drawOverlay(); drawMatrixOverlay(); }
+    if (p.table || p.visible) drawTable();
+    api.lastFrameMs = performance.now() - t;
+    api.frames++;
+  }
+  function schedule(what) {
+    for (const k of what) pending[k] = true;
+    if (!frameRequested) { frameRequested = true; requestAnimationFrame(frame); }
+  }
+
+  // ---------------------------------------------------------------- controls
+  const layerSel = d3.select("#layer");
+  layers.forEach(function (L, l) { layerSel.append("option").attr("value", l).text(L.name); });
+  layerSel.property("disabled", layers.length < 2);
+  const headSel = d3.select("#head");
+  function fillHeads() {
+    const L = cur();
+    headSel.selectAll("option").remove();
+    for (let h = 0; h < L.H; h++) headSel.append("option").attr("value", h).text("head " + h);
+    if (L.H > 1) {
+      headSel.append("option").attr("value", -1)
+        .text("mean over heads (average of " + L.H + " heads' weights, not one softmax)");
+    }
+    if (S.head >= L.H || (S.head < 0 && L.H === 1)) S.head = 0;
+    headSel.property("value", S.head);
+  }
+  const topk = document.getElementById("topk");
+  function setTopkRange(keepAll) {
+    const L = cur();
+    const max = Math.max(1, L.maxDeg);
+    topk.max = String(max);
+    if (keepAll || S.topk > max) S.topk = max;
+    topk.value = String(S.topk);
+    showTopk();
+  }
+  function showTopk() {
+    const L = cur();
+    d3.select("#topk-value").text(S.topk >= L.maxDeg ? "all (" + L.maxDeg + ")" : String(S.topk));
+  }
+  const minw = document.getElementById("minw");
+  function minwOf(v) { return v <= 0 ? 0 : Math.pow(10, -4 + 4 * v / 400); }
+
+  layerSel.on("change", function () {
+    const all = S.topk >= cur().maxDeg;
+    S.layer = +this.value; fillHeads(); setTopkRange(all); updateNotes();
+    S.hover = null; hideTip();
+    schedule(["visible"]);
+  });
+  headSel.on("change", function () { S.head = +this.value; S.hover = null; hideTip(); schedule(["visible"]); });
+  topk.addEventListener("input", function () { S.topk = +topk.value; showTopk(); schedule(["visible"]); });
+  minw.addEventListener("input", function () {
+    S.minw = minwOf(+minw.value);
+    d3.select("#minw-value").text(S.minw === 0 ? "0" : fmt(S.minw));
+    schedule(["visible"]);
+  });
+
+  function updateNotes() {
+    const notes = (D.notes || []).slice();
+    if (cur().note) notes.push(cur().note);
+    d3.select("#notes").text(notes.join("  \u00b7  "));
+  }
+
+  // ------------------------------------------------------------ hit testing
+  function distToQuad(px, py, x0, y0, cx, cy, x1, y1) {
+    let best = Infinity, ax = x0, ay = y0;
+    for (let s = 1; s <= 12; s++) {
+      const t = s / 12, u = 1 - t;
+      const bx = u * u * x0 + 2 * u * t * cx + t * t * x1, by = u * u * y0 + 2 * u * t * cy + t * t * y1;
+      const dx = bx - ax, dy = by - ay, l2 = dx * dx + dy * dy;
+      let q = l2 > 0 ? ((px - ax) * dx + (py - ay) * dy) / l2 : 0;
+      q = Math.max(0, Math.min(1, q));
+      const d = Math.hypot(px - (ax + q * dx), py - (ay + q * dy));
+      if (d < best) best = d;
+      ax = bx; ay = by;
+    }
+    return best;
+  }
+
+  function pickEdge(px, py) {
+    const L = cur();
+    const tol = 5;
+    let best = -1, bestD = tol;
+    // Heaviest first (drawn last, on top), so a tie goes to the edge seen on top.
+    for (let k = drawn.length - 1; k >= 0; k--) {
+      const e = drawn[k], j = L.src[e], i = L.dst[e];
+      let d;
+      if (i === j) {
+        const c = loopOf(i);
+        d = Math.abs(Math.hypot(px - c[0], py - c[1]) - c[2]);
+      } else {
+        const c = control(j, i);
+        if (px < Math.min(sx[j], c[0], sx[i]) - tol || px > Math.max(sx[j], c[0], sx[i]) + tol ||
+            py < Math.min(sy[j], c[1], sy[i]) - tol || py > Math.max(sy[j], c[1], sy[i]) + tol) continue;
+        d = distToQuad(px, py, sx[j], sy[j], c[0], c[1], sx[i], sy[i]);
+      }
+      if (d < bestD) { bestD = d; best = e; }
+    }
+    return best;
+  }
+
+  let qt = null; // quadtree of the nodes in screen px, rebuilt after a zoom
+  function pickNode(px, py) {
+    if (!qt) {
+      qt = d3.quadtree().x(function (i) { return sx[i]; }).y(function (i) { return sy[i]; });
+      for (let i = 0; i < N; i++) qt.add(i);
+    }
+    const found = qt.find(px, py, Math.max(nodeR(), 4));
+    return found === undefined ? -1 : found;
+  }
+
+  function hoverGraph(ev) {
+    const rect = gOver.getBoundingClientRect();
+    const px = ev.clientX - rect.left, py = ev.clientY - rect.top;
+    const node = pickNode(px, py);
+    const L = cur();
+    if (node >= 0) {
+      S.hover = { node: node, edge: -1, cell: null };
+      showTip(labelOf(node) + "\nin-degree " + (L.rowptr[node + 1] - L.rowptr[node]) +
+        "; click for its incoming edges and softmax", ev, {});
+    } else {
+      const e = pickEdge(px, py);
+      if (e >= 0) {
+        S.hover = { node: -1, edge: e, cell: [L.dst[e], L.src[e]] };
+        showTip(edgeText(e), ev, { edge: L.src[e] + "," + L.dst[e], alpha: String(weightsOf(L, S.head)[e]) });
+      } else { S.hover = null; hideTip(); }
+    }
+    schedule(["overlay"]);
+  }
+
+  function hoverMatrix(ev) {
+    const rect = mOver.getBoundingClientRect();
+    const i = Math.floor((ev.clientY - rect.top - M.top) / M.cell);
+    const j = Math.floor((ev.clientX - rect.left - M.left) / M.cell);
+    if (!M.on || i < 0 || j < 0 || i >= N || j >= N) { S.hover = null; hideTip(); schedule(["overlay"]); return; }
+    const L = cur();
+    const e = findEdge(L, j, i);
+    S.hover = { node: -1, edge: e, cell: [i, j] };
+    if (e >= 0) showTip(edgeText(e), ev, { edge: j + "," + i, alpha: String(weightsOf(L, S.head)[e]) });
+    else showTip("no edge " + labelOf(j) + " \u2192 " + labelOf(i) + ": not in the graph", ev, {});
+    schedule(["overlay"]);
+  }
+
+  function focusOn(i) {
+    S.focus = (i === S.focus) ? -1 : i;
+    schedule(["visible"]);
+  }
+
+  d3.select(gOver).on("mousemove", hoverGraph)
+    .on("mouseleave", function () { S.hover = null; hideTip(); schedule(["overlay"]); })
+    .on("click", function (ev) {
+      const rect = gOver.getBoundingClientRect();
+      const node = pickNode(ev.clientX - rect.left, ev.clientY - rect.top);
+      if (node >= 0) focusOn(node); else if (S.focus >= 0) focusOn(S.focus);
+    });
+  d3.select(mOver).on("mousemove", hoverMatrix)
+    .on("mouseleave", function () { S.hover = null; hideTip(); schedule(["overlay"]); })
+    .on("click", function (ev) {
+      const rect = mOver.getBoundingClientRect();
+      const i = Math.floor((ev.clientY - rect.top - M.top) / M.cell);
+      if (M.on && i >= 0 && i < N) focusOn(i);
+    });
+  d3.select(gOver).call(d3.zoom().scaleExtent([0.5, 60]).on("zoom", function (ev) {
+    T = ev.transform; qt = null; schedule(["graph"]);
+  }));
+  window.addEventListener("resize", function () {
+    computeFit(); layoutMatrix(); qt = null; schedule(["visible"]);
+  });
+
+  // --------------------------------------------------------- for the tests
+  function quadMid(e) {
+    const L = cur(), j = L.src[e], i = L.dst[e];
+    if (i === j) { const c = loopOf(i); return [c[0], c[1] - c[2]]; }
+    const c = control(j, i);
+    return [0.25 * sx[j] + 0.5 * c[0] + 0.25 * sx[i], 0.25 * sy[j] + 0.5 * c[1] + 0.25 * sy[i]];
+  }
+  function client(canvas, p) {
+    const r = canvas.getBoundingClientRect();
+    return [r.left + p[0], r.top + p[1]];
+  }
+  api.state = function () {
+    return { layer: S.layer, head: S.head, topk: S.topk, minw: S.minw, focus: S.focus,
+      drawn: drawn.length, edges: cur().E, layout: D.layout };
+  };
+  // No frame pending: what is drawn matches state() (a change schedules a frame at once).
+  api.settled = function () { return !frameRequested; };
+  api.drawnPairs = function () {
+    const L = cur();
+    return Array.from(drawn, function (e) { return [L.src[e], L.dst[e]]; });
+  };
+  api.edgeOf = function (j, i) { return findEdge(cur(), j, i); };
+  api.edgePoint = function (j, i) { return client(gOver, quadMid(findEdge(cur(), j, i))); };
+  api.nodePoint = function (i) { return client(gOver, [sx[i], sy[i]]); };
+  api.cellPoint = function (i, j) {
+    return client(mOver, [M.left + (j + 0.5) * M.cell, M.top + (i + 0.5) * M.cell]);
+  };
+  // Set a slider as a user would (input event), resolve after the next paint.
+  api.slide = function (id, value) {
+    const el = document.getElementById(id);
+    el.value = String(value);
+    const t = performance.now();
+    el.dispatchEvent(new Event("input", { bubbles: true }));
+    return new Promise(function (resolve) {
+      requestAnimationFrame(function () {
+        requestAnimationFrame(function () { resolve(performance.now() - t); });
+      });
+    });
+  };
+  window.gnnattnExplorer = api;
+
+  // -------------------------------------------------------------- first paint
+  fillHeads();
+  setTopkRange(true);
+  updateNotes();
+  drawLegend();
+  if (D.empty) {
+    d3.select("#empty").attr("hidden", null).text(D.empty);
+  }
+  computeFit();
+  layoutMatrix();
+  computeVisible();
+  drawGraph();
+  drawMatrix();
+  drawOverlay();
+  drawMatrixOverlay();
+  drawTable();
+  api.firstPaintMs = performance.now();
+  api.ready = true;
+  document.body.dataset.ready = "1";
+})();

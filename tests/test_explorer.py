@@ -1,0 +1,187 @@
+"""gnnattn.viz.explore: the page's content, size, cuts and errors (no browser needed).
+
+What the page does in a browser is tested in test_explorer_browser.py.
+"""
+
+import base64
+import hashlib
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from gnnattn import SelfAttentionConv, causal_graph, complete_graph, scatter_softmax
+from gnnattn.viz import AttentionExplorer, explore, top_k_per_target
+from gnnattn.viz.explorer import D3_VERSION
+
+
+def random_attention(n: int, deg: int, heads: int = 2, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    dst = torch.arange(n).repeat_interleave(deg)
+    src = torch.randint(0, n, (n * deg,), generator=g)
+    scores = torch.randn(n * deg, heads, generator=g)
+    return torch.stack([src, dst]), scatter_softmax(scores, dst, n), scores
+
+
+def payload(page: AttentionExplorer) -> dict:
+    m = re.search(r'<script type="application/json" id="gnnattn-data">(.*?)</script>', page.html)
+    assert m is not None
+    return json.loads(m.group(1))
+
+
+def decode(s: str, dtype: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(s), dtype=dtype)
+
+
+def test_self_contained_with_the_d3_licence():
+    page = explore((complete_graph(4), torch.full((16, 2), 0.25)), tokens=list("abcd"))
+    h = page.html
+    assert "<script src" not in h and "<link" not in h and "@import" not in h
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", h)
+    assert f"d3 v{D3_VERSION}" in h and "Permission to use, copy, modify" in h
+    assert h.count("</script>") == 3  # data, d3, the page's own code
+    assert page.layout == "circular" and page.num_edges == [16] and page.num_nodes == 4
+
+
+def test_d3_asset_is_the_stated_version():
+    from gnnattn.viz.explorer import _asset
+
+    d3 = _asset("d3.min.js")
+    assert d3.startswith(f"// https://d3js.org v{D3_VERSION} ")
+    assert "Permission to use, copy, modify" in _asset("d3.LICENSE")
+    stated = _asset("d3.VERSION")
+    assert stated.startswith(f"d3 {D3_VERSION} ")
+    assert hashlib.sha256(d3.encode("utf-8")).hexdigest() in stated
+
+
+def test_payload_holds_the_exact_weights_sorted_by_target():
+    torch.manual_seed(0)
+    layer = SelfAttentionConv(8, num_heads=2).eval()
+    x = torch.randn(5, 8)
+    perm = torch.randperm(15)  # edges in any order: the page sorts them
+    ei = causal_graph(5)[:, perm]
+    with torch.no_grad():
+        _, (ei, alpha) = layer(x, ei, return_attention_weights=True)
+    d = payload(explore((ei, alpha)))
+    lay = d["layers"][0]
+    src = decode(lay["src"], "<u2")
+    rowptr = decode(lay["rowptr"], "<i4")
+    a = decode(lay["alpha"], "<f4").reshape(2, -1)
+    dst = np.repeat(np.arange(5), np.diff(rowptr))
+    key = dst * 5 + src
+    assert (np.diff(key) > 0).all()
+    for e in range(ei.shape[1]):
+        k = int(np.nonzero(key == int(ei[1, e]) * 5 + int(ei[0, e]))[0][0])
+        assert a[0, k] == np.float32(alpha[e, 0]) and a[1, k] == np.float32(alpha[e, 1])
+    assert d["layout"] == "layered" and lay["scores"] is None
+
+
+def test_layouts():
+    ei, alpha, _ = random_attention(30, 3)
+    assert explore((ei, alpha)).layout == "spring"
+    assert explore((causal_graph(6), torch.rand(21))).layout == "layered"
+    pos = torch.randn(30, 2)
+    page = explore((ei, alpha), pos=pos)
+    d = payload(page)
+    assert page.layout == "given"
+    assert np.allclose(decode(d["x"], "<f4"), pos[:, 0].numpy())
+    assert np.allclose(decode(d["y"], "<f4"), -pos[:, 1].numpy())  # the page's y points down
+    assert explore((ei, alpha), pos={v: (v, 0) for v in range(30)}).layout == "given"
+
+
+def test_size_grows_linearly():
+    sizes = []
+    for deg in (10, 20, 40):
+        ei, alpha, _ = random_attention(500, deg)
+        sizes.append(len(explore((ei, alpha), layout="circular").html))
+    d1, d2 = sizes[1] - sizes[0], sizes[2] - sizes[1]
+    assert abs(d2 / d1 - 2.0) < 0.05
+    # uint16 source (2 B) + float32 per head (2 x 4 B), base64 (x 4/3): ~13.3 B per edge.
+    assert 12 < d1 / 5000 < 15
+
+
+def test_cut_to_top_k_per_target_with_a_note():
+    ei, alpha, scores = random_attention(100, 50)
+    page = explore((ei, alpha), scores=scores, max_edges=1000, layout="circular")
+    assert page.num_edges == [1000]  # 10 per target fits exactly
+    assert len(page.notes) == 1 and "5,000 edges cut to the 10 heaviest" in page.notes[0]
+    d = payload(page)
+    assert d["layers"][0]["note"] == page.notes[0] and d["layers"][0]["edgesIn"] == 5000
+    # The row statistics are those of the full rows, before the cut.
+    amax = decode(d["layers"][0]["amax"], "<f4").reshape(2, 100)
+    full = torch.zeros(100, 2).scatter_reduce(0, ei[1].view(-1, 1).expand(-1, 2), alpha, "amax")
+    assert np.allclose(amax, full.t().numpy())
+
+
+def test_top_k_per_target_matches_sorting():
+    ei, alpha, _ = random_attention(20, 7, heads=3)
+    for k in (1, 3, 7, 9):
+        keep = top_k_per_target(ei, alpha, k)
+        w = alpha.amax(dim=1)
+        for i in range(20):
+            idx = (ei[1] == i).nonzero().view(-1)
+            best = idx[torch.argsort(-w[idx], stable=True)[:k]]
+            assert set(idx[keep[idx]].tolist()) == set(best.tolist())
+
+
+def test_layers_and_repr_html():
+    ei, alpha, _ = random_attention(12, 4)
+    page = explore([(ei, alpha), (complete_graph(12), torch.full((144, 2), 1 / 12))])
+    d = payload(page)
+    assert [lay["name"] for lay in d["layers"]] == ["layer 0", "layer 1"]
+    assert page.num_edges == [48, 144]
+    html = page._repr_html_()
+    assert html.startswith("<iframe srcdoc=") and "&lt;canvas" in html
+    assert "AttentionExplorer(nodes=12" in repr(page)
+
+
+def test_empty_graph_writes_a_page_that_says_so(tmp_path):
+    page = explore((torch.zeros(2, 0, dtype=torch.long), torch.zeros(0, 2)), num_nodes=3)
+    assert "has no edges" in payload(page)["empty"]
+    assert page.save(tmp_path / "empty.html").read_text(encoding="utf-8") == page.html
+    none = explore((torch.zeros(2, 0, dtype=torch.long), torch.zeros(0)))
+    assert "no nodes" in payload(none)["empty"]
+
+
+def test_labels_cannot_close_the_script():
+    page = explore((complete_graph(2), torch.full((4,), 0.5)), tokens=["</script>", "<b>"])
+    assert payload(page)["labels"] == ["</script>", "<b>"]
+    assert page.html.count("</script>") == 3
+
+
+def test_bad_input():
+    ei, alpha = complete_graph(3), torch.full((9, 2), 1 / 3)
+    with pytest.raises(ValueError, match="'alpha' of shape"):
+        explore((ei, alpha[:-1]))
+    with pytest.raises(ValueError, match="'tokens' to hold one label per node"):
+        explore((ei, alpha), tokens=["a", "b"])
+    with pytest.raises(TypeError, match="'tokens' to be a list"):
+        explore((ei, alpha), tokens="a b c")
+    nan = alpha.clone()
+    nan[4, 1] = float("nan")
+    with pytest.raises(ValueError, match="finite weights in 'alpha'.*nan at edge 4"):
+        explore((ei, nan))
+    with pytest.raises(ValueError, match="weights >= 0"):
+        explore((ei, -alpha))
+    with pytest.raises(ValueError, match="'scores' of layer 0 shaped like"):
+        explore((ei, alpha), scores=torch.zeros(9, 3))
+    with pytest.raises(ValueError, match="'scores' to hold one tensor"):
+        explore((ei, alpha), scores=[None, None])
+    with pytest.raises(ValueError, match=r"'pos' of shape \[3, 2\]"):
+        explore((ei, alpha), pos=torch.zeros(3, 3))
+    with pytest.raises(ValueError, match="'pos' to place every node"):
+        explore((ei, alpha), pos={0: (0, 0)})
+    with pytest.raises(ValueError, match="'layer_names'"):
+        explore((ei, alpha), layer_names=["a", "b"])
+    with pytest.raises(ValueError, match="'layout'"):
+        explore((ei, alpha), layout="grid")
+    with pytest.raises(ValueError, match="'max_edges'"):
+        explore((ei, alpha), max_edges=0)
+    with pytest.raises(ValueError, match="at least one"):
+        explore([])
+    with pytest.raises(TypeError, match="'attentions'"):
+        explore(alpha)
+    with pytest.raises(ValueError, match="'edge_index'"):
+        explore((ei[:, :4] + 5, alpha[:4]), num_nodes=3)
