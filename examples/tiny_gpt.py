@@ -14,6 +14,13 @@ Outputs (in --out): ``tiny_gpt_loss.png``, ``tiny_gpt_attention.png``,
 ``tiny_gpt_explorer.html`` (every layer and head, in a browser),
 ``tiny_gpt.json`` (losses and the sample). The last line printed is
 ``RESULT {...}`` with the same JSON.
+
+Every --ckpt-every steps (and at the end) the run writes ``tiny_gpt_ckpt.pt``:
+model, optimizer, LR schedule, step, the random states of torch and of the
+batch sampler, and the loss history (see ``checkpoints.py``). An interrupted
+run continues with --resume and ends bitwise where the uninterrupted run ends:
+
+    python examples/tiny_gpt.py --resume   # no checkpoint in --out yet: starts fresh
 """
 
 from __future__ import annotations
@@ -209,6 +216,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="for tests: exit with status 1 after this step, once (a file in --out records it)",
     )
     a = p.parse_args(argv)
+    if a.ckpt_every < 0:
+        p.error(f"--ckpt-every: expected a number of steps >= 0, got {a.ckpt_every}")
     if a.resume == Path(""):
         a.resume = a.out / CKPT_NAME
     # The text is small (10 KB): a bigger model, or many more steps, memorizes

@@ -1,4 +1,5 @@
-"""The DDP example on 2 gloo processes, launched with torchrun, ends with identical replicas."""
+"""The DDP example on 2 gloo processes, launched with torchrun, ends with identical replicas,
+resumes bitwise from its checkpoints, and survives a rank's crash under torchrun's restarts."""
 
 import json
 import os
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_checkpoints import assert_identical
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
 # Several launches: the example once hung at exit in about 1 launch in 4 to 6 (a rank
@@ -58,11 +60,13 @@ def _kill_launch(proc: subprocess.Popen, out: Path) -> None:
             pass
 
 
-def _torchrun(out: Path) -> subprocess.CompletedProcess:
-    """One 2-process launch of the quick example, writing into ``out``; on a timeout (or
-    any other error) every process of the launch is killed before the test fails."""
+def _torchrun(out: Path, *args: str, max_restarts: int = 0) -> subprocess.CompletedProcess:
+    """One 2-process launch of the quick example (with ``args``), writing into ``out``; on a
+    timeout (or any other error) every process of the launch is killed before the test
+    fails."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cmd += [str(EXAMPLE), "--quick", "--out", str(out)]
+    cmd += ["--max-restarts", str(max_restarts)]
+    cmd += [str(EXAMPLE), "--quick", "--out", str(out), *args]
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -122,3 +126,78 @@ def test_ddp_example_without_torchrun_says_how_to_launch(tmp_path):
     )
     assert proc.returncode != 0
     assert "torchrun --standalone --nproc_per_node 2" in proc.stderr
+
+
+# Checkpoints at steps 10, 20 and 30; the fault comes after step 15, so a resumed run
+# redoes steps 11 to 15 from the checkpoint of step 10.
+STEPS = ("--steps", "30", "--ckpt-every", "10")
+FAULT = ("--resume", "--fail-at-step", "15")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ddp_uninterrupted")
+    proc = _torchrun(out, *STEPS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _assert_same_run(reference: Path, out: Path) -> None:
+    """Bitwise the same final parameters on both ranks, and the same final checkpoint:
+    model, optimizer state, step and every rank's random states."""
+    for rank in (0, 1):
+        a = torch.load(reference / f"ddp_rank{rank}.pt", weights_only=True)
+        b = torch.load(out / f"ddp_rank{rank}.pt", weights_only=True)
+        assert_identical(a, b, f"ddp_rank{rank}.pt")
+    a = torch.load(reference / "ddp_ckpt.pt", weights_only=True)
+    b = torch.load(out / "ddp_ckpt.pt", weights_only=True)
+    assert a["step"] == b["step"] == 30 and len(a["rng"]) == 2
+    assert a["optimizer"]["state"]
+    assert_identical(a, b)
+
+
+@pytest.mark.slow
+def test_ddp_interrupted_and_resumed_is_bitwise_the_uninterrupted_run(uninterrupted, tmp_path):
+    ckpt = tmp_path / "ddp_ckpt.pt"
+    first = _torchrun(tmp_path, *STEPS, *FAULT)  # no restarts: torchrun gives up
+    assert not _rank_pids(tmp_path, exclude=-1), "a rank outlived torchrun"
+    assert first.returncode != 0
+    assert f"no checkpoint at {ckpt}: starting fresh" in first.stdout
+    assert "--fail-at-step 15: exiting with status 1" in first.stderr
+    assert torch.load(ckpt, weights_only=True)["step"] == 10
+    second = _torchrun(tmp_path, *STEPS, *FAULT)  # the same command: resumes, no new fault
+    assert not _rank_pids(tmp_path, exclude=-1), "a rank outlived torchrun"
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resumed from {ckpt} at step 10" in second.stdout
+    _assert_same_run(uninterrupted, tmp_path)
+
+
+@pytest.mark.slow
+def test_ddp_elastic_restart_ends_with_the_parameters_of_a_run_without_fault(
+    uninterrupted, tmp_path
+):
+    ckpt = tmp_path / "ddp_ckpt.pt"
+    proc = _torchrun(tmp_path, *STEPS, *FAULT, max_restarts=1)
+    assert not _rank_pids(tmp_path, exclude=-1), "a rank outlived torchrun"
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Rank 1 did crash, torchrun restarted the group, and the group resumed.
+    assert (tmp_path / "failed_at_step_15").exists()
+    assert "--fail-at-step 15: exiting with status 1" in proc.stderr
+    assert f"no checkpoint at {ckpt}: starting fresh" in proc.stdout
+    assert f"resumed from {ckpt} at step 10" in proc.stdout
+    _assert_same_run(uninterrupted, tmp_path)
+
+
+@pytest.mark.slow
+def test_ddp_bad_checkpoint_stops_every_rank_with_the_error(tmp_path):
+    ckpt = tmp_path / "ddp_ckpt.pt"
+    ckpt.write_bytes(b"PK\x03\x04 half a zip file")
+    proc = _torchrun(tmp_path, *STEPS, "--resume")
+    assert not _rank_pids(tmp_path, exclude=-1), "a rank outlived torchrun"
+    assert proc.returncode != 0
+    # Rank 0 read the file and sent the error to rank 1: both raise it, neither waits for
+    # the other. (Counted at least once, not twice: whichever rank exits first, torchrun
+    # may stop the other before its traceback is printed.)
+    message = f"ValueError: Checkpoint {ckpt} is unreadable (truncated, or not a checkpoint)"
+    assert message in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" in proc.stderr and "RESULT" not in proc.stdout
