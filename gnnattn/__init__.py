@@ -16,6 +16,8 @@ from .graphs import (
     complete_graph,
     edge_index_to_mask,
     mask_to_edge_index,
+    permute,
+    reorder,
     sliding_window_graph,
     to_csr,
 )
@@ -54,6 +56,8 @@ __all__ = [
     "edge_index_to_mask",
     "mask_to_edge_index",
     "naive_scatter_softmax",
+    "permute",
+    "reorder",
     "scatter_softmax",
     "sliding_window_graph",
     "to_csr",

@@ -197,7 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--suite",
         action="append",
         choices=_suites(),
-        help="run only this suite (repeatable; default: all)",
+        help="run only this suite (repeatable; default: all but scale)",
+    )
+    bench.add_argument(
+        "--scale",
+        action="store_true",
+        help="also run the scale suite (N = 1M nodes: minutes, about 6 GB); not with --quick",
     )
     bench.add_argument("--json", metavar="PATH", help="also write every result to PATH")
     bench.add_argument(

@@ -31,6 +31,7 @@ from torch import Tensor
 from .checks import check_int
 from .graphs import check_edge_index
 from .kernels import get as get_kernels
+from .kernels import reference
 from .kernels.reference import segment_max, segment_sum
 
 __all__ = [
@@ -69,8 +70,12 @@ def _check(src: Tensor, index: Tensor, num_segments: int | None, dim: int) -> tu
         raise ValueError(
             f"Expected 'index' on the device of 'src' ({src.device}), got {index.device}"
         )
-    hi = int(index.max()) + 1 if index.numel() else 0
-    if index.numel() and int(index.min()) < 0:
+    lo, hi = 0, 0
+    if index.numel():
+        # One pass over the index for both bounds (it is as long as src).
+        lo_t, hi_t = torch.aminmax(index)
+        lo, hi = int(lo_t), int(hi_t) + 1
+    if lo < 0:
         raise ValueError("Expected 'index' to hold segment ids >= 0, got a negative id")
     if num_segments is None:
         num_segments = hi
@@ -104,26 +109,32 @@ def _torch_bwd(y: Tensor, grad: Tensor, index: Tensor, n: int) -> Tensor:
     return y * (grad - dot[index])
 
 
-def _ptr_from_sorted(index: Tensor, n: int) -> Tensor:
-    counts = torch.bincount(index, minlength=n)
-    ptr = index.new_zeros(n + 1)
-    torch.cumsum(counts, 0, out=ptr[1:])
-    return ptr
+def _segment_ptr(index: Tensor, n: int) -> Tensor | None:
+    """CSR pointers of a sorted ``index``, or ``None`` when it is not sorted.
+
+    The CPU kernel does the sortedness check and the pointers in one pass
+    over the index; elsewhere the reference's torch ops do.
+    """
+    kern = get_kernels(index.device)
+    find = getattr(kern, "segment_ptr", reference.segment_ptr)
+    return find(index, n)
 
 
 class _ScatterSoftmax(torch.autograd.Function):
-    """Autograd function on ``src`` ``[E, F]``: saves only the output."""
+    """Autograd function on ``src`` ``[E, F]``: saves only the output.
+
+    With ``ptr`` (the index is sorted and the input large) the compiled
+    kernels run; without, the torch ops above.
+    """
 
     @staticmethod
-    def forward(ctx, src: Tensor, index: Tensor, n: int, use_kernel: bool):  # type: ignore[override]
+    def forward(ctx, src: Tensor, index: Tensor, n: int, ptr: Tensor | None):  # type: ignore[override]
         x = src.to(_compute_dtype(src.dtype))
-        if use_kernel:
-            ptr = _ptr_from_sorted(index, n)
+        if ptr is not None:
             y = get_kernels(src.device).segment_softmax_fwd(x.contiguous(), ptr)
-            ctx.ptr = ptr
         else:
             y = _torch_fwd(x, index, n)
-            ctx.ptr = None
+        ctx.ptr = ptr
         ctx.save_for_backward(y, index)
         ctx.n = n
         return y.to(src.dtype)
@@ -139,6 +150,14 @@ class _ScatterSoftmax(torch.autograd.Function):
         return dx.to(grad.dtype), None, None, None
 
 
+def _kernel_ok(flat: Tensor) -> bool:
+    return (
+        flat.numel() >= _KERNEL_MIN_NUMEL
+        and flat.device.type in ("cpu", "cuda")
+        and not torch.compiler.is_compiling()
+    )
+
+
 def segment_softmax(src: Tensor, index: Tensor, n: int, *, sorted_index: bool = False) -> Tensor:
     """:func:`scatter_softmax` along dim 0 of ``src`` ``[E, ...]``, without the checks.
 
@@ -147,13 +166,8 @@ def segment_softmax(src: Tensor, index: Tensor, n: int, *, sorted_index: bool = 
     are non-decreasing (then the compiled kernels may run).
     """
     flat = src.reshape(src.shape[0], math.prod(src.shape[1:]))  # (E, F)
-    use_kernel = (
-        sorted_index
-        and flat.numel() >= _KERNEL_MIN_NUMEL
-        and src.device.type in ("cpu", "cuda")
-        and not torch.compiler.is_compiling()
-    )
-    out = _ScatterSoftmax.apply(flat, index.long(), n, use_kernel)
+    ptr = _segment_ptr(index, n) if sorted_index and _kernel_ok(flat) else None
+    out = _ScatterSoftmax.apply(flat, index.long(), n, ptr)
     return out.view(src.shape)
 
 
@@ -190,9 +204,12 @@ def scatter_softmax(
     """
     n, dim = _check(src, index, num_segments, dim)
     x = src.movedim(dim, 0)
-    idx = index.long()
-    sorted_index = idx.numel() < 2 or bool((idx[1:] >= idx[:-1]).all())
-    return segment_softmax(x, idx, n, sorted_index=sorted_index).movedim(0, dim)
+    flat = x.reshape(x.shape[0], math.prod(x.shape[1:]))  # (E, F)
+    # Large inputs: one pass over the index tells whether it is sorted and, if
+    # so, where the segments start (the kernels' CSR pointers).
+    ptr = _segment_ptr(index, n) if _kernel_ok(flat) else None
+    out = _ScatterSoftmax.apply(flat, index.long(), n, ptr)
+    return out.view(x.shape).movedim(0, dim)
 
 
 def naive_scatter_softmax(

@@ -30,24 +30,28 @@ def csr_of(deg):
     return ptr
 
 
-# name: (in-degree of each target, number of sources M)
+# name: (in-degree of each target, number of sources M, source of most edges or None)
 CASES = {
-    "ragged": ([3, 0, 1, 17, 5, 0, 2, 9, 11], 13),  # isolated targets, N != M
-    "one node": ([1], 1),
-    "no edges": ([0, 0, 0], 4),  # E = 0
-    "empty graph": ([], 3),  # N = 0, E = 0
-    "hub": ([5000, 1, 2, 3, 0, 7], 40),  # one target with 5000 in-edges
-    "bipartite": ([4, 4, 4], 101),  # many more sources than targets
+    "ragged": ([3, 0, 1, 17, 5, 0, 2, 9, 11], 13, None),  # isolated targets, N != M
+    "one node": ([1], 1, None),
+    "no edges": ([0, 0, 0], 4, None),  # E = 0
+    "empty graph": ([], 3, None),  # N = 0, E = 0
+    "hub": ([5000, 1, 2, 3, 0, 7], 40, None),  # one target with 5000 in-edges
+    "source hub": ([40] * 130, 60, 7),  # source 7 has ~5000 out-edges
+    "duplicates": ([6, 2, 5], 4, 3),  # targets whose edges all come from one source
+    "bipartite": ([4, 4, 4], 101, None),  # many more sources than targets
 }
 
 
 def make(case, dtype, heads=3, c=13, cv=7, logits=1.0, seed=0):
     """q, k, v, ptr, col for ``case``, with a duplicated edge where there are enough."""
-    deg, m = CASES[case]
+    deg, m, hub = CASES[case]
     g = torch.Generator().manual_seed(seed)
     ptr = csr_of(deg)
     n, e = len(deg), int(ptr[-1])
     col = torch.randint(0, m, (e,), generator=g)
+    if hub is not None:
+        col[torch.rand(e, generator=g) < 0.97] = hub
     if e > 4:
         col[1] = col[0]  # a duplicate edge (both targets are target 0 in every case)
     q = torch.randn(n, heads, c, generator=g, dtype=dtype) * logits
@@ -156,31 +160,101 @@ def test_half_inputs_come_back_in_their_dtype():
     assert cpu.segment_softmax_bwd(y, torch.ones_like(y), ptr).dtype == torch.float16
 
 
-def test_results_do_not_depend_on_the_thread_count():
-    # Fixed summation orders: bitwise the same results on 1 and 2 threads.
-    q, k, v, ptr, col = make("hub", F32)
+@pytest.mark.parametrize("case", ["hub", "source hub", "ragged"])
+def test_results_do_not_depend_on_the_thread_count(case):
+    # Fixed summation orders, hubs cut by the graph alone: bitwise the same
+    # results on 1 and 2 threads.
+    q, k, v, ptr, col = make(case, F32, heads=4, c=32, cv=32)
+    bias = torch.randn(col.numel(), 4)
     before = torch.get_num_threads()
     results = []
     try:
         for t in (1, 2):
             torch.set_num_threads(t)
-            out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3)
-            results.append((out, lse, *cpu.attention_bwd(q, k, v, out, lse, out, ptr, col, 0.3)))
+            out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias)
+            grads = cpu.attention_bwd(q, k, v, None, lse, out, ptr, col, 0.3, bias)
+            y = cpu.segment_softmax_fwd(bias, ptr)
+            results.append((out, lse, *grads, y, cpu.segment_softmax_bwd(y, bias, ptr)))
     finally:
         torch.set_num_threads(before)
     for a, b in zip(*results, strict=True):
         assert (a is None and b is None) or torch.equal(a, b)
 
 
-def test_chunks_split_by_edges_not_nodes():
-    # 1000 targets of degree 1, then one of degree 1000: an even split by
-    # nodes would put the hub and ~half of the rest in one chunk.
-    p = csr_of([1] * 1000 + [1000]).numpy()
-    bounds = cpu._chunks(p)
-    assert bounds[0] == 0 and bounds[-1] == 1001 and (np.diff(bounds) > 0).all()
-    edges = p[bounds[1:]] - p[bounds[:-1]]
-    assert edges.max() == 1000  # the hub alone: a segment is never split
-    assert edges.sum() == 2000 and len(bounds) > 2
+def test_hubs_are_cut_into_pieces_by_the_graph_alone():
+    # 1000 targets of degree 1, then one of degree 5000: the hub is cut into
+    # pieces of _piece_limit(E) edges; the chunks skip it and balance the rest.
+    p = csr_of([1] * 1000 + [5000]).numpy()
+    plan = cpu._Plan(p, int(p[-1]))
+    assert plan.limit == cpu._piece_limit(6000) == 2048
+    assert plan.bounds[0] == 0 and plan.bounds[-1] == 1001 and (np.diff(plan.bounds) > 0).all()
+    assert plan.pieces[:, 0].tolist() == [1000] * 3 and plan.seg.tolist() == [0, 3]
+    assert plan.pieces[:, 1].tolist() == [1000, 3048, 5096]
+    assert plan.pieces[:, 2].tolist() == [3048, 5096, 6000]
+    # No hub: chunks of whole segments with about equal edge counts.
+    p = csr_of([3] * 999 + [30]).numpy()
+    plan = cpu._Plan(p, int(p[-1]))
+    edges = p[plan.bounds[1:]] - p[plan.bounds[:-1]]
+    assert plan.pieces.shape == (0, 3) and edges.sum() == 3027 and len(edges) > 1
+
+
+@pytest.mark.parametrize("heads,c,cv", [(4, 32, 32), (2, 40, 24), (1, 1, 1)])
+def test_attention_head_shapes(heads, c, cv):
+    # Widths that are and are not multiples of the vector width, one head.
+    for case in ("ragged", "source hub"):
+        q, k, v, ptr, col = make(case, F64, heads=heads, c=c, cv=cv)
+        out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.2)
+        out_r, lse_r = ref.attention_fwd(q, k, v, ptr, col, 0.2)
+        assert_close(out, out_r, TOL64)
+        g = torch.randn_like(out)
+        got = cpu.attention_bwd(q, k, v, None, lse, g, ptr, col, 0.2)
+        want = ref.attention_bwd(q, k, v, out_r, lse_r, g, ptr, col, 0.2)
+        for a, b in zip(got[:3], want[:3], strict=True):
+            assert_close(a, b, TOL64)
+
+
+def test_int32_indices_and_no_output_give_the_same_gradients():
+    q, k, v, ptr, col = make("source hub", F32, heads=4, c=32, cv=32)
+    out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3)
+    out32, lse32 = cpu.attention_fwd(q, k, v, ptr, col.int(), 0.3)
+    assert torch.equal(out, out32) and torch.equal(lse, lse32)
+    g = torch.randn_like(out)
+    csc = transpose_csr(ptr, col, k.shape[0])
+    csc32 = transpose_csr(ptr, col.int(), k.shape[0], dtype=torch.int32)
+    assert csc32.row.dtype == csc32.perm.dtype == torch.int32
+    a = cpu.attention_bwd(q, k, v, out, lse, g, ptr, col, 0.3, csc=csc)
+    b = cpu.attention_bwd(q, k, v, None, lse, g, ptr, col.int(), 0.3, csc=csc32)
+    for x, y in zip(a[:3], b[:3], strict=True):
+        assert torch.equal(x, y)
+    # The reference computes D from the edges too when it has no output.
+    q64, k64, v64 = f64(q, k, v)
+    o64, l64 = ref.attention_fwd(q64, k64, v64, ptr, col, 0.3)
+    with_out = ref.attention_bwd(q64, k64, v64, o64, l64, g.double(), ptr, col, 0.3)
+    without = ref.attention_bwd(q64, k64, v64, None, l64, g.double(), ptr, col, 0.3)
+    for x, y in zip(with_out[:3], without[:3], strict=True):
+        assert_close(x, y, TOL64)
+
+
+def test_exp32_is_accurate_and_keeps_the_special_values():
+    x = torch.linspace(-87.3, 88.72, 20_001, dtype=F32)[::7]
+    got = torch.tensor([cpu.exp32(np.float32(v)) for v in x.tolist()], dtype=F64)
+    want = torch.exp(x.double())
+    assert float(((got - want) / want).abs().max()) < 3e-7  # within 2 ulp of float32
+    assert cpu.exp32(np.float32(0.0)) == 1.0
+    assert cpu.exp32(np.float32(-88.0)) == 0.0  # below the smallest normal: 0
+    assert cpu.exp32(np.float32(-np.inf)) == 0.0 and cpu.exp32(np.float32(89.0)) == np.inf
+    assert np.isnan(cpu.exp32(np.float32(np.nan)))
+
+
+@pytest.mark.parametrize("width", [1, 3, 4, 16, 17])
+def test_segment_softmax_any_width(width):
+    # Heads per edge that do and do not divide the kernel's 16 lanes.
+    ptr = csr_of([0, 1, 7, 33, 2, 0, 64])
+    src = torch.randn(int(ptr[-1]), width, dtype=F64) * 5
+    y = cpu.segment_softmax_fwd(src, ptr)
+    assert_close(y, ref.segment_softmax_fwd(src, ptr), TOL64)
+    g = torch.randn_like(y)
+    assert_close(cpu.segment_softmax_bwd(y, g, ptr), ref.segment_softmax_bwd(y, g, ptr), TOL64)
 
 
 def test_reference_backward_is_autograd_of_reference_forward():
@@ -243,7 +317,7 @@ def test_transposed_csr_passed_by_the_caller():
 def test_bad_input_names_the_argument():
     q, k, v, ptr, col = make("ragged", F64)
     with pytest.raises(TypeError, match="'col'"):
-        cpu.attention_fwd(q, k, v, ptr, col.int(), 0.3)
+        cpu.attention_fwd(q, k, v, ptr, col.short(), 0.3)
     with pytest.raises(ValueError, match="'col'"):
         cpu.attention_fwd(q, k, v, ptr, col + k.shape[0], 0.3)
     with pytest.raises(ValueError, match="'ptr'"):

@@ -8,7 +8,8 @@ layers only ask the :class:`AttentionGraph` they are given.
 * :mod:`.validate`: checks of ``edge_index`` and ``batch``;
 * :mod:`.csr`: the destination CSR and the transposed CSR;
 * :mod:`.structure`: complete / causal / window detection;
-* :mod:`.graph`: :class:`AttentionGraph`, held by the caller.
+* :mod:`.graph`: :class:`AttentionGraph`, held by the caller;
+* :mod:`.reorder`: node orders that keep neighbours close in memory.
 """
 
 from .builders import (
@@ -23,6 +24,7 @@ from .builders import (
 )
 from .csr import CSC, CSR, is_sorted_by_target, segment_ids, sort_by_target, to_csr, transpose_csr
 from .graph import AttentionGraph, GraphLike, as_graph
+from .reorder import Reordering, permute, reorder
 from .structure import KINDS, Structure, detect_structure
 from .validate import check_batch, check_edge_index, check_edge_index_static
 
@@ -31,6 +33,7 @@ __all__ = [
     "CSR",
     "KINDS",
     "AttentionGraph",
+    "Reordering",
     "GraphLike",
     "Structure",
     "as_graph",
@@ -44,6 +47,8 @@ __all__ = [
     "edge_index_to_mask",
     "is_sorted_by_target",
     "mask_to_edge_index",
+    "permute",
+    "reorder",
     "segment_ids",
     "sequence_lengths",
     "sliding_window_graph",

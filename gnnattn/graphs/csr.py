@@ -35,6 +35,14 @@ def is_sorted_by_target(edge_index: Tensor) -> bool:
     return bool(ok.all())
 
 
+def _target_order(edge_index: Tensor, num_src: int | None) -> Tensor:
+    """The stable permutation that sorts edges by target, then source."""
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    n_src = int(src.max()) + 1 if num_src is None else num_src
+    # One int64 key, target-major: exact as long as N_dst * N_src < 2^63.
+    return torch.argsort(dst * n_src + src, stable=True)
+
+
 def sort_by_target(edge_index: Tensor, num_src: int | None = None) -> tuple[Tensor, Tensor]:
     """Sort edges by target, then source; returns ``(sorted_edge_index, perm)``.
 
@@ -43,22 +51,21 @@ def sort_by_target(edge_index: Tensor, num_src: int | None = None) -> tuple[Tens
     """
     if edge_index.shape[1] == 0:
         return edge_index, torch.zeros(0, dtype=torch.long, device=edge_index.device)
-    src, dst = edge_index[0].long(), edge_index[1].long()
-    n_src = int(src.max()) + 1 if num_src is None else num_src
-    # One int64 key, target-major: exact as long as N_dst * N_src < 2^63.
-    perm = torch.argsort(dst * n_src + src, stable=True)
+    perm = _target_order(edge_index, num_src)
     return edge_index[:, perm], perm
 
 
 class CSR(NamedTuple):
-    """A destination-sorted compressed sparse row view of a graph.
+    """A destination-grouped compressed sparse row view of a graph.
 
     Attributes:
         ptr: ``[N_dst + 1]`` int64; the incoming edges of target ``i`` are the
-            sorted positions ``ptr[i]:ptr[i+1]``.
-        col: ``[|E|]`` int64 source of each sorted edge.
-        perm: ``[|E|]`` int64, sorted position -> position in the input
-            ``edge_index`` (``None`` when the input was already sorted).
+            positions ``ptr[i]:ptr[i+1]``.
+        col: ``[|E|]`` source of each edge in that order: int64 (int32 when the
+            graph was given as an int32 CSR adjacency on the CPU).
+        perm: ``[|E|]`` int64, CSR position -> position in the input
+            ``edge_index`` (``None`` when the input was already grouped by
+            target: then the CSR keeps the input's order).
     """
 
     ptr: Tensor
@@ -67,7 +74,13 @@ class CSR(NamedTuple):
 
 
 def to_csr(edge_index: Tensor, num_nodes: int, num_src: int | None = None) -> CSR:
-    """Destination-sorted CSR pointers of ``edge_index``.
+    """Destination CSR pointers of ``edge_index``.
+
+    Edges already grouped by target (targets non-decreasing, as the builders
+    and PyG's ``sort_edge_index(..., sort_by_row=False)`` give them) are used
+    in their own order: ``col`` is a view of ``edge_index[0]``, nothing is
+    copied. Other edge sets are sorted by target, then source (stably), and
+    only the sorted sources and the permutation are kept.
 
     Args:
         edge_index (Tensor): ``[2, |E|]``, in any order.
@@ -80,14 +93,17 @@ def to_csr(edge_index: Tensor, num_nodes: int, num_src: int | None = None) -> CS
         tensor([0, 1, 3, 6])
     """
     num_src = num_nodes if num_src is None else num_src
-    perm: Tensor | None = None
-    if not is_sorted_by_target(edge_index):
-        edge_index, perm = sort_by_target(edge_index, num_src)
+    e = edge_index.shape[1]
     dst = edge_index[1].long()
-    counts = torch.bincount(dst, minlength=num_nodes) if dst.numel() else dst.new_zeros(num_nodes)
+    perm: Tensor | None = None
+    col = edge_index[0].long()
+    if e > 1 and not bool((dst[1:] >= dst[:-1]).all()):
+        perm = _target_order(edge_index, num_src)
+        col = col[perm]  # the sources only, not a [2, E] copy
+    counts = torch.bincount(dst, minlength=num_nodes) if e else dst.new_zeros(num_nodes)
     ptr = torch.zeros(num_nodes + 1, dtype=torch.long, device=edge_index.device)
     torch.cumsum(counts, 0, out=ptr[1:])
-    return CSR(ptr, edge_index[0].long().contiguous(), perm)
+    return CSR(ptr, col.contiguous(), perm)
 
 
 class CSC(NamedTuple):
@@ -96,8 +112,12 @@ class CSC(NamedTuple):
     Attributes:
         ptr: ``[N_src + 1]`` int64; the outgoing edges of source ``j`` are
             ``ptr[j]:ptr[j+1]`` in this order.
-        row: ``[|E|]`` int64 target of each of them.
-        perm: ``[|E|]`` int64 position of each of them in CSR order.
+        row: ``[|E|]`` target of each of them.
+        perm: ``[|E|]`` position of each of them in CSR order.
+
+    ``row`` and ``perm`` are int64 from :func:`transpose_csr` by default;
+    :class:`~gnnattn.AttentionGraph` keeps them in int32 on the CPU when the
+    ids fit.
     """
 
     ptr: Tensor
@@ -118,12 +138,21 @@ def segment_ids(ptr: Tensor, num_edges: int | None = None) -> Tensor:
     )
 
 
-def transpose_csr(ptr: Tensor, col: Tensor, num_src: int) -> CSC:
+def transpose_csr(
+    ptr: Tensor, col: Tensor, num_src: int, *, dtype: torch.dtype = torch.int64
+) -> CSC:
     """The edges of a destination CSR grouped by source.
 
     ``perm`` is a stable sort of ``col``, so within a source the edges keep
     their target order and sums over them (the backward's ``dk``, ``dv``) have
     a fixed order on every run.
+
+    Args:
+        ptr (Tensor): ``[N + 1]`` CSR pointers.
+        col (Tensor): ``[E]`` source of each edge (int64 or int32).
+        num_src (int): number of sources ``M``.
+        dtype (torch.dtype, optional): of ``row`` and ``perm``: ``torch.int32``
+            halves them (``tptr`` stays int64). (default: ``torch.int64``)
 
     Example:
         >>> tptr, trow, tperm = transpose_csr(torch.tensor([0, 2, 3]), torch.tensor([1, 0, 1]), 2)
@@ -131,10 +160,18 @@ def transpose_csr(ptr: Tensor, col: Tensor, num_src: int) -> CSC:
         ([0, 1, 3], [0, 0, 1], [1, 0, 2])
     """
     e = col.numel()
-    col = col.long()
-    tperm = torch.sort(col, stable=True).indices if e else col.new_zeros(0)
-    rows = segment_ids(ptr, e)
+    n = ptr.numel() - 1
     tptr = torch.zeros(num_src + 1, dtype=torch.int64, device=col.device)
-    if e:
-        torch.cumsum(torch.bincount(col, minlength=num_src), 0, out=tptr[1:])
-    return CSC(tptr, rows[tperm], tperm)
+    if not e:
+        empty = torch.zeros(0, dtype=dtype, device=col.device)
+        return CSC(tptr, empty, empty)
+    torch.cumsum(torch.bincount(col, minlength=num_src), 0, out=tptr[1:])
+    tperm = torch.sort(col, stable=True).indices
+    # The target of each CSR position, made in the narrow dtype directly
+    # (at 32M edges an int64 copy is 256 MB more at the build's peak).
+    rows = torch.repeat_interleave(
+        torch.arange(n, dtype=dtype, device=col.device), ptr.diff(), output_size=e
+    )
+    trow = rows[tperm]
+    del rows
+    return CSC(tptr, trow, tperm.to(dtype))

@@ -170,6 +170,8 @@ class AttentionGraph:
         self.is_bipartite = bipartite
         self._structure = structure
         self._detected = structure is not None or bipartite
+        if edge_index is None and csr is not None:
+            device = csr.ptr.device  # a CSR adjacency: edges made only when asked for
         self._device = _canonical(edge_index.device if edge_index is not None else device)
         self._csr: CSR | None = csr
         self._csc: CSC | None = None
@@ -185,8 +187,9 @@ class AttentionGraph:
     @staticmethod
     def _normalize(
         edge_index: Any, num_nodes: int | None, num_src: int | None
-    ) -> tuple[Tensor, int, int | None, CSR | None]:
-        """``(edge_index [2, E] int64, num_dst, num_src, csr)`` from any accepted input."""
+    ) -> tuple[Tensor | None, int, int | None, CSR | None]:
+        """``(edge_index [2, E] int64, num_dst, num_src, csr)`` from any accepted input
+        (``edge_index`` is ``None`` for a CSR adjacency: the CSR is the graph)."""
         check_tensor(edge_index, "edge_index")
         csr: CSR | None = None
         if edge_index.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc):
@@ -226,7 +229,7 @@ class AttentionGraph:
     @staticmethod
     def _from_sparse(
         adj_t: Tensor, num_nodes: int | None, num_src: int | None
-    ) -> tuple[Tensor, int, int | None, CSR | None]:
+    ) -> tuple[Tensor | None, int, int | None, CSR | None]:
         if adj_t.dim() != 2:
             raise ValueError(
                 f"Expected a sparse 'edge_index' adjacency of shape [N_dst, N_src] (PyG's "
@@ -256,9 +259,14 @@ class AttentionGraph:
             if coo_idx is not None:
                 ei = torch.stack([coo_idx[1], coo_idx[0]])
             elif adj_t.layout == torch.sparse_csr:
-                ptr, col = adj_t.crow_indices().long(), adj_t.col_indices().long()
-                ei = torch.stack([col, segment_ids(ptr, col.numel())])
-                csr = CSR(ptr, col, None)
+                # Kept as given (int32 stays int32 on the CPU, whose kernels
+                # take it): no [2, E] int64 copy unless someone asks for
+                # graph.edge_index (at 32M edges that copy is 512 MB).
+                col = adj_t.col_indices()
+                if col.device.type != "cpu" or col.dtype != torch.int32:
+                    col = col.long()
+                csr = CSR(adj_t.crow_indices().long(), col, None)
+                ei = None
             else:  # sparse_csc: grouped by column (source)
                 cptr, row = adj_t.ccol_indices().long(), adj_t.row_indices().long()
                 ei = torch.stack([segment_ids(cptr, row.numel()), row])
@@ -383,6 +391,11 @@ class AttentionGraph:
         return value
 
     def _build_edge_index(self) -> Tensor:
+        csr = self._csr
+        if csr is not None:
+            # Given as a CSR adjacency (other graphs make their CSR from their
+            # edges, so never get here with one): the edges in CSR order.
+            return torch.stack([csr.col.long(), segment_ids(csr.ptr, csr.col.numel())])
         if self._bipartite_complete:
             from .builders import complete_bipartite_graph
 
@@ -403,8 +416,19 @@ class AttentionGraph:
 
     @property
     def csc(self) -> CSC:
-        """The transposed CSR (edges grouped by source), built once."""
-        return self._derive("_csc", lambda: transpose_csr(self.csr.ptr, self.csr.col, self.num_src))
+        """The transposed CSR (edges grouped by source), built once.
+
+        On the CPU its ``row`` and ``perm`` are int32 when the ids fit (half
+        the memory; the CPU kernels take either width).
+        """
+
+        def build() -> CSC:
+            csr = self.csr
+            narrow = self._device.type == "cpu" and max(self.num_dst, csr.col.numel()) < 2**31
+            dtype = torch.int32 if narrow else torch.int64
+            return transpose_csr(csr.ptr, csr.col, self.num_src, dtype=dtype)
+
+        return self._derive("_csc", build)
 
     @property
     def structure(self) -> Structure | None:
@@ -428,6 +452,8 @@ class AttentionGraph:
     @property
     def num_edges(self) -> int:
         if self._edge_index is None:
+            if self._csr is not None:
+                return int(self._csr.col.numel())
             if self._bipartite_complete:
                 return self.num_src * self.num_dst
             assert self._structure is not None
@@ -458,8 +484,8 @@ class AttentionGraph:
 
     def _prune_causal(self) -> None:
         """Drop the edges :math:`j > i`, once (at construction)."""
-        ei = self._edge_index
-        assert ei is not None and not self.is_bipartite
+        ei = self.edge_index
+        assert not self.is_bipartite
         if torch.compiler.is_compiling():
             raise ValueError(
                 "Expected the causal graph to be built outside torch.compile (pruning gives a "
@@ -549,6 +575,9 @@ class AttentionGraph:
                 return None
             if isinstance(t, tuple):
                 return type(t)(*(move(x) for x in t))
+            if t.dtype == torch.int32 and device.type != "cpu":
+                # Kept narrow for the CPU kernels; the others take int64.
+                return t.to(device, torch.int64)
             return t.to(device)
 
         with _building():

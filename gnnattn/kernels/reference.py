@@ -9,7 +9,7 @@ The common layout is a destination-sorted CSR graph:
 
 * ``ptr``: int64 ``[N + 1]``, the incoming edges of target ``i`` are the edge
   positions ``ptr[i]:ptr[i + 1]``;
-* ``col``: int64 ``[E]``, the source node of each edge in that order.
+* ``col``: int64 or int32 ``[E]``, the source node of each edge in that order.
 
 Rules shared by all implementations (they are the rules of
 :func:`gnnattn.scatter_softmax`): the per-target maximum is subtracted before
@@ -32,6 +32,7 @@ __all__ = [
     "attention_weights",
     "segment_ids",
     "segment_max",
+    "segment_ptr",
     "segment_softmax_bwd",
     "segment_softmax_fwd",
     "segment_sum",
@@ -48,6 +49,19 @@ def segment_max(src: Tensor, index: Tensor, n: int) -> Tensor:
 def segment_sum(src: Tensor, index: Tensor, n: int) -> Tensor:
     """Per-segment sum of ``src`` ``[E, ...]`` (0 for empty segments)."""
     return src.new_zeros((n, *src.shape[1:])).index_add_(0, index, src)
+
+
+def segment_ptr(index: Tensor, num_segments: int) -> Tensor | None:
+    """CSR pointers ``[num_segments + 1]`` of a sorted segment ``index``, or ``None``
+    when it is not sorted; ``ValueError`` on ids outside ``[0, num_segments)``."""
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= num_segments):
+        raise ValueError(f"Expected 'index' ids in [0, {num_segments}), got one outside")
+    if index.numel() > 1 and not bool((index[1:] >= index[:-1]).all()):
+        return None
+    ptr = torch.zeros(num_segments + 1, dtype=torch.int64, device=index.device)
+    if index.numel():
+        torch.cumsum(torch.bincount(index, minlength=num_segments), 0, out=ptr[1:])
+    return ptr
 
 
 def segment_softmax_fwd(src: Tensor, ptr: Tensor) -> Tensor:
@@ -141,7 +155,7 @@ def attention_bwd(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    out: Tensor,
+    out: Tensor | None,
     lse: Tensor,
     grad_out: Tensor,
     ptr: Tensor,
@@ -154,6 +168,8 @@ def attention_bwd(
     FlashAttention's recomputation: ``alpha`` comes back from ``lse``, and the
     softmax backward uses ``D_i = sum_c dout_ic * out_ic`` (equal to
     ``sum_j alpha_ij dalpha_ij``), so nothing of size ``E x C`` is saved.
+    With ``out=None``, ``D_i`` is computed from the edges instead (the form
+    the CPU kernel uses, so that the forward's output need not be kept).
     """
     n, m = q.shape[0], k.shape[0]
     index = segment_ids(ptr, col.numel())
@@ -161,7 +177,13 @@ def attention_bwd(
     g = grad_out[index]  # (E, H, Cv)
     dv = segment_sum(alpha.unsqueeze(-1) * g, col, m)
     dalpha = (g * v[col]).sum(-1)  # (E, H)
-    d = (grad_out * out).sum(-1)  # (N, H)
+    if out is not None:
+        d = (grad_out * out).sum(-1)  # (N, H)
+    else:
+        # sum_j alpha_ij dalpha_ij, normalized by sum_j alpha_ij (= 1 up to
+        # the rounding of lse, which the division removes).
+        total = segment_sum(alpha, index, n)
+        d = segment_sum(alpha * dalpha, index, n) / torch.where(total > 0, total, 1.0)
     ds = alpha * (dalpha - d[index])  # (E, H)
     dq = segment_sum(ds.unsqueeze(-1) * k[col], index, n) * scale
     dk = segment_sum(ds.unsqueeze(-1) * q[index], col, m) * scale

@@ -1,0 +1,142 @@
+r"""The benchmark behind ``gnnattn bench``: gnnattn against the peers it has to keep up
+with, *in one process, on the same inputs and the same weights*.
+
+* :mod:`.harness`: cases, candidates, interleaved timing, peak memory;
+* :mod:`.suites`: one module per suite and the registry ``--suite`` reads;
+* :mod:`.report`: the machine header and the tables (measured ratios only).
+
+The figures depend on the machine; ``--json`` stores them together with the
+CPU model, thread count, load average and library versions, which is how a
+figure should be quoted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from .harness import MODE_LABEL, BenchConfig, Candidate, Case, run_case
+from .report import format_table, header, machine_info
+from .suites import REGISTRY, SUITES, default_suites
+
+__all__ = [
+    "SUITES",
+    "BenchConfig",
+    "Candidate",
+    "Case",
+    "default_suites",
+    "format_table",
+    "machine_info",
+    "main",
+    "run",
+]
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    with warnings.catch_warnings():
+        # FlexAttention warns on every eager CPU use; the table notes it once.
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
+        warnings.filterwarnings("ignore", message=".*is_causal.*")
+        warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in beta.*")
+        warnings.filterwarnings("ignore", message=".*Sparse invariant checks.*")
+        yield
+
+
+def _set_threads(cfg: BenchConfig, device: torch.device) -> None:
+    if device.type != "cpu":
+        return
+    torch.set_num_threads(cfg.threads)
+    with contextlib.suppress(Exception):
+        import numba
+
+        limit = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
+        numba.set_num_threads(min(cfg.threads, limit))
+
+
+def run(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the selected suites and return ``{"machine", "config", "suites", "rows", "seconds"}``."""
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("Expected a CUDA device for --device cuda, but torch sees none")
+    _set_threads(cfg, device)
+    torch.manual_seed(cfg.seed)
+    machine = machine_info(cfg.device)
+    start = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    with _quiet():
+        for suite in REGISTRY:
+            if suite.name not in cfg.suites:
+                continue
+            if suite.rows is not None:
+                rows += suite.rows(cfg, log)
+                continue
+            assert suite.cases is not None
+            cases = suite.cases(cfg, device)
+            while cases:
+                case = cases.pop(0)
+                # Free the previous case's cyclic garbage (autograd graphs hold big tensors).
+                gc.collect()
+                for mode in case.modes:
+                    if log is not None:
+                        label = case.mode_label or MODE_LABEL[mode]
+                        log(f"running [{case.suite}] {case.name} -- {label}")
+                    rows += run_case(case, mode, cfg)
+                del case
+            gc.collect()
+    with contextlib.suppress(OSError):
+        machine["loadavg_end"] = list(os.getloadavg())
+    config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()}
+    return {
+        "machine": machine,
+        "config": config,
+        "suites": [s for s in SUITES if s in cfg.suites],
+        "rows": rows,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def main(args: Any) -> int:
+    """``gnnattn bench``: run, print the tables, optionally write JSON."""
+    scale = bool(getattr(args, "scale", False))
+    if args.suite and "scale" in args.suite and not scale:
+        raise SystemExit(
+            "gnnattn bench: the 'scale' suite runs only with --scale (N = 1M nodes: minutes and "
+            "about 6 GB); add --scale"
+        )
+    if scale and args.quick:
+        raise SystemExit("gnnattn bench: --scale is not a --quick run; drop one of them")
+    wanted = default_suites(scale=scale)
+    suites = tuple(s for s in SUITES if (s in args.suite if args.suite else s in wanted))
+    cfg = BenchConfig(
+        device=args.device,
+        quick=args.quick,
+        threads=args.threads,
+        suites=suites,
+        memory=not args.no_memory,
+    )
+    if args.quick:
+        cfg.min_reps, cfg.max_reps, cfg.budget_s = 2, 3, 1.0
+    if args.reps is not None:
+        cfg.min_reps = cfg.max_reps = args.reps
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    result = run(cfg, log)
+    print(header(result))
+    print(format_table(result["rows"]))
+    print(f"\n{result['seconds']:.0f} s in all")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+    return 0

@@ -1,0 +1,306 @@
+"""How ``gnnattn bench`` measures: cases, candidates, interleaved timing, peak memory.
+
+* **Interleaved repetitions.** Each repetition runs every candidate of a case
+  once, round-robin (the starting candidate rotates), so a noisy neighbour or
+  a frequency change hits all candidates alike; the report shows medians and
+  the ratio of each median to the case's named baseline. One untimed warm-up
+  call per candidate comes first (numba compiles, caches fill).
+* **Forward** runs under ``torch.no_grad()`` (inference; MHA takes its fast
+  path there). **Forward+backward** times the forward and ``backward`` of a
+  fixed upstream gradient with respect to the input and all weights.
+* **Correctness.** Every row reports the max abs difference of its output
+  (forward) or of the gradient of the input (forward+backward) against the
+  baseline's, so a fast but wrong path shows (cases that time different
+  operators side by side, such as the per-pass ``limit`` suite, say so and
+  leave it out).
+* **Peak memory.** On CUDA, ``torch.cuda.max_memory_allocated`` over one call,
+  minus what was allocated before it. On the CPU, one extra call under
+  ``torch.profiler.profile(profile_memory=True)``: the allocator's
+  allocation/free events are replayed in time order and the peak of the
+  running sum is reported. Both count the bytes of torch tensors allocated
+  during the call above what was live before it; memory that a kernel
+  allocates outside torch's allocator (numba scratch arrays, MKL workspaces)
+  is *not* seen. The ``scale`` suite measures the process's resident set
+  instead.
+* **Work.** A candidate that knows how many bytes it must move (the ``limit``
+  suite's passes) reports the achieved GB/s.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "MODES",
+    "MODE_LABEL",
+    "BenchConfig",
+    "Candidate",
+    "Case",
+    "max_abs_diff",
+    "row",
+    "run_case",
+]
+
+MODES = ("fwd", "fwdbwd")
+MODE_LABEL = {"fwd": "forward", "fwdbwd": "forward+backward"}
+
+
+@dataclass
+class BenchConfig:
+    """What to run and how.
+
+    Attributes:
+        device: ``"cpu"`` or ``"cuda"``.
+        quick: tiny sizes for a smoke run.
+        threads: ``torch.set_num_threads`` (and numba's) on the CPU.
+        suites: which suites to run (names from :data:`gnnattn.bench.SUITES`).
+        min_reps / max_reps: bounds on the interleaved repetitions.
+        budget_s: target seconds of timed repetitions per case and mode; the
+            number of repetitions is ``budget_s / (one round)``, clamped.
+        max_call_s: a candidate whose warm-up call takes longer gets one
+            timed repetition (in the first round), not ``reps``.
+        max_edge_floats: skip candidates that would hold more than this many
+            ``|E| x D`` floats in one tensor.
+        memory: measure peak memory (one extra call per candidate).
+        seed: for inputs and weights.
+    """
+
+    device: str = "cpu"
+    quick: bool = False
+    threads: int = 2
+    suites: tuple[str, ...] = ()
+    min_reps: int = 3
+    max_reps: int = 15
+    budget_s: float = 20.0
+    max_call_s: float = 10.0
+    max_edge_floats: int = 1 << 29
+    memory: bool = True
+    seed: int = 0
+
+
+@dataclass
+class Candidate:
+    """One implementation in a case: ``fn(x) -> output``.
+
+    ``bytes`` is the memory traffic one call must make at least (for the
+    GB/s column), when the case knows it.
+    """
+
+    name: str
+    fn: Callable[[Tensor], Tensor] | None = None
+    skip: str | None = None
+    note: str = ""
+    bytes: int | None = None
+
+
+@dataclass
+class Case:
+    """One input size of a suite, with its candidates and the baseline they are compared to.
+
+    ``x`` is the tensor the gradient is taken with respect to (a leaf with
+    ``requires_grad``); ``grad`` the upstream gradient used in backward;
+    ``params`` every weight whose ``.grad`` must be cleared between calls.
+    ``compare=False`` for cases whose candidates compute different things
+    (no max|diff| column); ``mode_label`` names what a ``"fwd"`` call is
+    when it is not a forward pass.
+    """
+
+    suite: str
+    name: str
+    x: Tensor
+    grad: Tensor
+    baseline: str
+    candidates: list[Candidate]
+    params: list[Tensor] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    modes: tuple[str, ...] = MODES
+    compare: bool = True
+    memory: bool = True
+    mode_label: str | None = None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _call(case: Case, cand: Candidate, mode: str) -> Tensor:
+    """One call: the output (forward) or the input's gradient (forward+backward)."""
+    assert cand.fn is not None
+    if mode == "fwd":
+        with torch.no_grad():
+            return cand.fn(case.x)
+    for p in (case.x, *case.params):
+        p.grad = None
+    out = cand.fn(case.x)
+    out.backward(case.grad)
+    assert case.x.grad is not None
+    return case.x.grad
+
+
+def _timed(case: Case, cand: Candidate, mode: str) -> tuple[float, Tensor]:
+    device = case.x.device
+    _sync(device)
+    t0 = time.perf_counter()
+    out = _call(case, cand, mode)
+    _sync(device)
+    return time.perf_counter() - t0, out
+
+
+def _peak_bytes(case: Case, cand: Candidate, mode: str) -> int:
+    """Peak bytes of torch tensors allocated during one call, above what was live before."""
+    device = case.x.device
+    for p in (case.x, *case.params):
+        p.grad = None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        out = _call(case, cand, mode)
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - base
+        del out
+        return int(peak)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = _call(case, cand, mode)
+    del out
+    events = prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+    # "[memory]" events carry +bytes for an allocation and -bytes for a free.
+    timeline = sorted(
+        (ev.start_ns(), ev.nbytes())
+        for ev in events
+        if ev.name() == "[memory]" and ev.device_type() == torch.autograd.DeviceType.CPU
+    )
+    cur = peak = 0
+    for _, nbytes in timeline:
+        cur += nbytes
+        peak = max(peak, cur)
+    return peak
+
+
+def max_abs_diff(a: Tensor, b: Tensor) -> float:
+    """``max |a - b|`` in float64 (``inf`` when the shapes differ)."""
+    if a.shape != b.shape:
+        return math.inf
+    if a.numel() == 0:
+        return 0.0
+    return float((a.detach().double() - b.detach().double()).abs().max())
+
+
+def row(
+    suite: str, case: str, mode: str, candidate: str, baseline: str, **kw: Any
+) -> dict[str, Any]:
+    """One result row, with every field the report and the JSON file know."""
+    r: dict[str, Any] = {
+        "suite": suite,
+        "case": case,
+        "mode": mode,
+        "mode_label": MODE_LABEL.get(mode, mode),
+        "candidate": candidate,
+        "baseline": baseline,
+        "status": "ok",
+        "median_ms": None,
+        "times_ms": [],
+        "reps": 0,
+        "ratio": None,
+        "peak_bytes": None,
+        "mem_ratio": None,
+        "max_abs_diff": None,
+        "bytes": None,
+        "gbps": None,
+        "note": "",
+    }
+    r.update(kw)
+    return r
+
+
+def _note(r: dict[str, Any], text: str) -> None:
+    r["note"] = (r["note"] + "; " if r["note"] else "") + text
+
+
+def run_case(case: Case, mode: str, cfg: BenchConfig) -> list[dict[str, Any]]:
+    """Every candidate of ``case`` in ``mode``: warm-up, interleaved repetitions, memory."""
+    label = case.mode_label or MODE_LABEL[mode]
+    rows = {
+        c.name: row(
+            case.suite, case.name, mode, c.name, case.baseline, note=c.note, bytes=c.bytes,
+            mode_label=label,
+        )
+        for c in case.candidates
+    }  # fmt: skip
+    active: list[Candidate] = []
+    reference: Tensor | None = None
+    reference_name = case.baseline
+    estimate: dict[str, float] = {}
+    # The baseline runs first so its output is there to compare the others to.
+    order = sorted(case.candidates, key=lambda c: c.name != case.baseline)
+    for cand in order:
+        r = rows[cand.name]
+        if cand.skip is not None:
+            r["status"] = cand.skip
+            continue
+        try:
+            seconds, out = _timed(case, cand, mode)
+        except NotImplementedError as err:
+            # For example FlexAttention has no backward on the CPU.
+            r["status"] = f"n/a: {str(err).splitlines()[0][:120]}"
+            continue
+        except Exception as err:  # noqa: BLE001 - a failing candidate must not stop the bench
+            r["status"] = f"error: {type(err).__name__}: {str(err).splitlines()[0][:120]}"
+            continue
+        if case.compare:
+            if reference is None:
+                reference, reference_name = out.detach().clone(), cand.name
+            r["max_abs_diff"] = max_abs_diff(out, reference)
+            if reference_name != case.baseline:
+                _note(r, f"diff vs {reference_name}")
+        del out
+        estimate[cand.name] = seconds
+        active.append(cand)
+        if seconds > cfg.max_call_s:
+            _note(r, "1 rep (slow)")
+    del reference
+    slow = {c.name for c in active if estimate[c.name] > cfg.max_call_s}
+    round_s = sum(estimate[c.name] for c in active if c.name not in slow)
+    reps = cfg.min_reps
+    if round_s > 0:
+        reps = int(min(cfg.max_reps, max(cfg.min_reps, cfg.budget_s // round_s)))
+    limit = {c.name: 1 if c.name in slow else reps for c in active}
+    for rep in range(reps if active else 0):
+        shift = rep % len(active)
+        for cand in active[shift:] + active[:shift]:
+            if rows[cand.name]["reps"] >= limit[cand.name]:
+                continue
+            seconds, out = _timed(case, cand, mode)
+            del out
+            rows[cand.name]["times_ms"].append(seconds * 1e3)
+            rows[cand.name]["reps"] += 1
+    if cfg.memory and case.memory:
+        # After the timing, so that the profiler's own work cannot disturb it.
+        for cand in order:
+            if cand.name in estimate:
+                rows[cand.name]["peak_bytes"] = _peak_bytes(case, cand, mode)
+    for p in (case.x, *case.params):
+        p.grad = None
+    for r in rows.values():
+        if r["times_ms"]:
+            r["median_ms"] = statistics.median(r["times_ms"])
+            if r["bytes"]:
+                r["gbps"] = r["bytes"] / (r["median_ms"] * 1e-3) / 1e9
+    base = rows[case.baseline]
+    for r in rows.values():
+        if r["median_ms"] is not None and base["median_ms"]:
+            r["ratio"] = r["median_ms"] / base["median_ms"]
+        if r["peak_bytes"] is not None and base["peak_bytes"]:
+            r["mem_ratio"] = r["peak_bytes"] / base["peak_bytes"]
+    return [rows[c.name] for c in case.candidates]

@@ -1,0 +1,176 @@
+"""What ``gnnattn bench`` prints: the machine it ran on and one table per case.
+
+The tables show measured ratios only (each median over the case's baseline
+median); the numbers an issue asks for live in the README's Performance
+table and the issue's closing note, not here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import subprocess
+from typing import Any
+
+import torch
+
+__all__ = ["format_table", "header", "machine_info"]
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _git_commit() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    with contextlib.suppress(Exception):
+        res = subprocess.run(
+            ["git", "-C", here, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        if res.returncode == 0:
+            return res.stdout.strip()
+    return None
+
+
+def machine_info(device: str) -> dict[str, Any]:
+    """Where the figures come from: CPU, threads, load, device and versions."""
+    import torch_geometric
+
+    from .. import __version__, kernels
+
+    info: dict[str, Any] = {
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "device": device,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torch_geometric": torch_geometric.__version__,
+        "gnnattn": __version__,
+        "gnnattn_commit": _git_commit(),
+        "kernels": kernels.get(torch.device(device)).__name__,
+    }
+    with contextlib.suppress(OSError):
+        # Other processes on a 2-core machine stall OpenMP barriers: quote
+        # figures only from runs on a quiet machine.
+        info["loadavg"] = list(os.getloadavg())
+    with contextlib.suppress(ImportError):
+        import numba
+
+        info["numba"] = numba.__version__
+        info["numba_threads"] = numba.get_num_threads()
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+def header(result: dict[str, Any]) -> str:
+    """The lines above the tables: machine, versions, load, how to read the columns."""
+    m = result["machine"]
+    lines = [
+        f"gnnattn bench on {m['cpu']} ({m['threads']} threads), device {m['device']}"
+        + (f" ({m['gpu']})" if "gpu" in m else "")
+        + f", torch {m['torch']}, torch_geometric {m['torch_geometric']}, kernels {m['kernels']}"
+        + (", --quick sizes" if result["config"].get("quick") else "")
+    ]
+    if "loadavg" in m:
+        lines.append(
+            f"load average (1/5/15 min) before: {' '.join(f'{v:.2f}' for v in m['loadavg'])}, "
+            f"after: {' '.join(f'{v:.2f}' for v in m.get('loadavg_end', []))}"
+        )
+    lines.append(
+        "median of interleaved repetitions; 'x base' = median / baseline median; peak MiB = "
+        "torch tensor bytes allocated during one call; max|diff| vs the baseline's output "
+        "(forward) or input gradient (forward+backward)"
+    )
+    return "\n".join(lines)
+
+
+def _fmt_ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def _fmt_ratio(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}x" if v < 100 else f"{v:.0f}x"
+
+
+def _fmt_mib(v: int | None) -> str:
+    return "-" if v is None else f"{v / 2**20:.1f}"
+
+
+def _fmt_diff(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1e}"
+
+
+def _fmt_gb(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The results as plain-text tables, one block per case and mode.
+
+    A block whose rows know their memory traffic gets ``GB moved`` and
+    ``GB/s`` columns; one whose rows measured the resident set (the
+    ``scale`` suite) gets a ``peak RSS GB`` column.
+    """
+    lines: list[str] = []
+    width = max((len(r["candidate"]) for r in rows), default=20) + 1
+    blocks: list[list[dict[str, Any]]] = []
+    for r in rows:
+        key = (r["suite"], r["case"], r["mode"])
+        if (
+            not blocks
+            or (blocks[-1][0]["suite"], blocks[-1][0]["case"], blocks[-1][0]["mode"]) != key
+        ):
+            blocks.append([])
+        blocks[-1].append(r)
+    for block in blocks:
+        first = block[0]
+        traffic = any(r.get("bytes") for r in block)
+        rss = any(r.get("peak_rss") is not None for r in block)
+        head = f"{'candidate':<{width}} {'median ms':>10} {'x base':>8} "
+        if rss:
+            head += f"{'peak RSS GB':>11} "
+        else:
+            head += f"{'peak MiB':>9} {'x base':>7} "
+        if traffic:
+            head += f"{'GB moved':>8} {'GB/s':>6} "
+        head += f"{'max|diff|':>9} {'reps':>4}  note"
+        lines += [
+            "",
+            f"[{first['suite']}] {first['case']} -- {first.get('mode_label', first['mode'])} "
+            f"(baseline: {first['baseline']})",
+            head,
+        ]
+        for r in block:
+            if r["status"] != "ok":
+                lines.append(f"{r['candidate']:<{width}} {r['status']}")
+                continue
+            line = f"{r['candidate']:<{width}} {_fmt_ms(r['median_ms']):>10} "
+            line += f"{_fmt_ratio(r['ratio']):>8} "
+            if rss:
+                v = r.get("peak_rss")
+                line += f"{'-' if v is None else f'{v / 1e9:.2f}':>11} "
+            else:
+                line += f"{_fmt_mib(r['peak_bytes']):>9} {_fmt_ratio(r['mem_ratio']):>7} "
+            if traffic:
+                moved = r.get("bytes")
+                line += f"{'-' if not moved else f'{moved / 1e9:.2f}':>8} "
+                line += f"{_fmt_gb(r.get('gbps')):>6} "
+            line += f"{_fmt_diff(r['max_abs_diff']):>9} {r['reps']:>4}  {r['note']}"
+            lines.append(line)
+    return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""The suites of ``gnnattn bench``, one module each, and the table that lists them.
+
+``gnnattn bench --suite NAME`` takes its choices from :data:`REGISTRY`; a
+suite with a ``flag`` runs only when that flag is given (``scale``: minutes
+and about 6 GB), never in ``--quick``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..harness import BenchConfig, Case
+from .dense import causal_cases, complete_cases, edge_index_cases
+from .limit import limit_cases
+from .models import model_cases
+from .reorder import reorder_cases
+from .scale import scale_rows
+from .softmax import softmax_cases
+from .sparse import sparse_cases
+
+__all__ = ["REGISTRY", "SUITES", "Suite", "default_suites"]
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One suite: its name, what it measures, and how it makes its cases or rows.
+
+    ``cases`` builds :class:`~gnnattn.bench.harness.Case` objects for the
+    interleaved harness; ``rows`` (for suites that need their own process,
+    like ``scale``) returns finished result rows instead.
+    """
+
+    name: str
+    help: str
+    cases: Callable[[BenchConfig, torch.device], list[Case]] | None = None
+    rows: Callable[[BenchConfig, Callable[[str], None] | None], list[dict[str, Any]]] | None = None
+    flag: str | None = None
+
+
+REGISTRY: tuple[Suite, ...] = (
+    Suite("complete", "layer(x) on the complete graph vs MultiheadAttention, SDPA, Flex, PyG",
+          complete_cases),
+    Suite("causal", "layer(x) with causal=True vs the same peers", causal_cases),
+    Suite("edge_index", "the complete graph as a plain edge_index (structure detected)",
+          edge_index_cases),
+    Suite("sparse", "a random sparse graph vs PyG TransformerConv", sparse_cases),
+    Suite("softmax", "scatter_softmax vs PyG utils.softmax", softmax_cases),
+    Suite("models", "GraphTransformer vs nn.TransformerEncoder; causal pruning", model_cases),
+    Suite("limit", "each pass of the fused CPU operator vs CSR SpMM, GB/s", limit_cases),
+    Suite("reorder", "shuffled vs RCM-reordered ids on a kNN graph and a grid", reorder_cases),
+    Suite("scale", "N = 1M forward + backward: time and peak RSS (--scale only)",
+          rows=scale_rows, flag="scale"),
+)  # fmt: skip
+
+#: Every suite name, in the order they run.
+SUITES: tuple[str, ...] = tuple(s.name for s in REGISTRY)
+
+
+def default_suites(*, scale: bool = False) -> tuple[str, ...]:
+    """The suites a run without ``--suite`` makes: all but the flagged ones, unless flagged."""
+    return tuple(s.name for s in REGISTRY if s.flag is None or (s.flag == "scale" and scale))

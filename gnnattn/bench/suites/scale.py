@@ -1,0 +1,192 @@
+"""The ``scale`` suite (``gnnattn bench --scale`` only): one ``SelfAttentionConv`` at
+N = 1M nodes, 32 in-edges each, embed 128, 4 heads; time and peak resident set.
+
+Each case runs in a fresh Python process, so that its peak resident set
+(``VmHWM``) is this case's alone: the imports, the graph, the inputs ``x``
+and upstream gradient, the layer's forward and backward (the first call
+included, which builds the graph's transposed CSR). The graph is given two
+ways: as an int32 CSR adjacency (``torch.sparse_csr_tensor``, the lean form:
+the graph keeps its index arrays and makes no ``[2, E]`` copy) and as an
+int64 ``edge_index`` grouped by target (PyG's usual form; 0.5 GB of its own
+at this size). The baseline is a CSR SpMM of the same graph with an
+``[N, 128]`` matrix, timed in the same process after the layer (its memory is
+not in the peak). PyG's ``TransformerConv`` cannot run here: each of its
+``|E| x D`` tensors would be 16 GB.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..harness import BenchConfig, row
+
+__all__ = ["SIZES", "scale_rows"]
+
+# (nodes, in-degree, embed, heads, timed repetitions)
+SIZES: dict[str, tuple[int, int, int, int, int]] = {
+    "full": (1_000_000, 32, 128, 4, 3),
+    "quick": (20_000, 8, 32, 4, 2),  # only for tests of the machinery
+}
+_INPUTS = {
+    "csr": "graph from an int32 CSR adjacency",
+    "edge_index": "graph from an int64 edge_index",
+}
+_SPMM = "CSR SpMM: torch.sparse.mm(A, X [N, embed])"
+_FWD = "SelfAttentionConv forward (no grad)"
+_FWDBWD = "SelfAttentionConv forward + backward"
+_CONV = "PyG TransformerConv (+out proj)"
+
+
+def scale_rows(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Run every case in its own process and return its rows."""
+    n, deg, d, h, reps = SIZES["quick" if cfg.quick else "full"]
+    rows: list[dict[str, Any]] = []
+    for kind, label in _INPUTS.items():
+        case = f"{label}: N={n:,}, {deg} in-edges each, embed {d}, {h} heads, |E|={n * deg:,}"
+        if log is not None:
+            log(f"running [scale] {case} (in a new process)")
+        args = {
+            "nodes": n, "deg": deg, "embed": d, "heads": h, "reps": reps, "input": kind,
+            "threads": cfg.threads, "seed": cfg.seed,
+        }  # fmt: skip
+        cmd = [sys.executable, "-m", "gnnattn.bench.suites.scale", json.dumps(args)]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+            out = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else None
+            err = res.stderr.strip().splitlines()[-1:] if res.returncode else []
+        except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as exc:
+            out, err = None, [f"{type(exc).__name__}"]
+        if out is None:
+            status = f"error: {err[0][:160] if err else 'no result'}"
+            for mode in ("fwd", "fwdbwd"):
+                rows.append(row("scale", case, mode, _FWD if mode == "fwd" else _FWDBWD, _SPMM,
+                                status=status))  # fmt: skip
+            continue
+        gib = n * deg * d * 4 / 2**30
+        conv = f"skipped (memory): |E| x D = {gib:.0f} GiB per tensor"
+        for mode, name in (("fwd", _FWD), ("fwdbwd", _FWDBWD)):
+            spmm = _timed_row(case, mode, _SPMM, out["spmm_ms"])
+            mine = _timed_row(case, mode, name, out[f"{mode}_ms"])
+            mine["ratio"] = mine["median_ms"] / spmm["median_ms"]
+            mine["peak_rss"] = out["peak_rss"] if mode == "fwdbwd" else None
+            if mode == "fwdbwd":
+                mine["note"] = (
+                    f"first call {out['first_s']:.1f} s; graph + inputs "
+                    f"{out['rss_inputs'] / 1e9:.2f} GB resident before it; graph build "
+                    f"{out['graph_s']:.1f} s"
+                )
+            rows += [spmm, mine, row("scale", case, mode, _CONV, _SPMM, status=conv)]
+    return rows
+
+
+def _timed_row(case: str, mode: str, name: str, times: list[float]) -> dict[str, Any]:
+    import statistics
+
+    return row(
+        "scale", case, mode, name, _SPMM, times_ms=times, reps=len(times),
+        median_ms=statistics.median(times), ratio=1.0,
+    )  # fmt: skip
+
+
+def _status() -> dict[str, int]:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS", "VmHWM")):
+                key, value = line.split(":")
+                out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def _worker(args: dict[str, Any]) -> dict[str, Any]:
+    """One case, in this (fresh) process: the numbers :func:`scale_rows` reports."""
+    import warnings
+
+    import torch
+
+    from ...graphs import AttentionGraph
+
+    torch.set_num_threads(args["threads"])
+    n, deg, d, reps = args["nodes"], args["deg"], args["embed"], args["reps"]
+    gen = torch.Generator().manual_seed(args["seed"] + 9)
+    e = n * deg
+    t0 = time.perf_counter()
+    ptr = torch.arange(n + 1, dtype=torch.int32) * deg
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+        if args["input"] == "csr":
+            col = torch.randint(0, n, (e,), generator=gen, dtype=torch.int32)
+            adj = torch.sparse_csr_tensor(ptr, col, torch.ones(e, dtype=torch.bool), (n, n))
+            graph = AttentionGraph(adj)
+            del col
+        else:
+            src = torch.randint(0, n, (e,), generator=gen)
+            ei = torch.stack([src, torch.arange(n).repeat_interleave(deg)])
+            del src
+            graph = AttentionGraph(ei, n)
+    graph_s = time.perf_counter() - t0
+    res = _layer_part(args, graph, gen)
+    # The baseline, after the peak was read: its own [N, embed] input and
+    # output are not the layer's memory.
+    ptr64, col64 = graph.csr.ptr, graph.csr.col.long()
+    del graph
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        adj_f = torch.sparse_csr_tensor(ptr64, col64, torch.ones(e), (n, n))
+    xm = torch.randn(n, d, generator=gen)
+    torch.sparse.mm(adj_f, xm)
+    spmm_ms = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.sparse.mm(adj_f, xm)
+        spmm_ms.append((time.perf_counter() - t0) * 1e3)
+    return {
+        **res, "spmm_ms": spmm_ms, "graph_s": graph_s, "loadavg": list(os.getloadavg())
+    }  # fmt: skip
+
+
+def _layer_part(args: dict[str, Any], graph: Any, gen: Any) -> dict[str, Any]:
+    """The layer's first call, its timed calls and the process's peak resident set."""
+    import torch
+
+    from .common import attention_layer
+
+    n, d, h, reps = args["nodes"], args["embed"], args["heads"], args["reps"]
+    torch.manual_seed(args["seed"])
+    layer = attention_layer(d, h, torch.device("cpu"))
+    x = torch.randn(n, d, generator=gen).requires_grad_()
+    g = torch.randn(n, d, generator=gen)
+    rss_inputs = _status()["VmRSS"]
+
+    def fwdbwd() -> None:
+        x.grad = None
+        for p in layer.parameters():
+            p.grad = None
+        layer(x, graph).backward(g)
+
+    t0 = time.perf_counter()
+    fwdbwd()
+    first_s = time.perf_counter() - t0
+    fwd_ms, fwdbwd_ms = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            layer(x, graph)
+        fwd_ms.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        fwdbwd()
+        fwdbwd_ms.append((time.perf_counter() - t0) * 1e3)
+    return {
+        "fwd_ms": fwd_ms, "fwdbwd_ms": fwdbwd_ms, "first_s": first_s,
+        "peak_rss": _status()["VmHWM"], "rss_inputs": rss_inputs,
+    }  # fmt: skip
+
+
+if __name__ == "__main__":  # pragma: no cover - run by scale_rows in a new process
+    print(json.dumps(_worker(json.loads(sys.argv[1]))))
