@@ -45,7 +45,7 @@ def test_bench_quick_writes_json(tmp_path, capsys):
         "gnnattn scatter_softmax(index)",
         "CSR SpMM: torch.sparse.mm(A, X)",
         "backward source pass (kernel)",
-        "reordered (RCM): layer(x[perm], graph_r)[inv]",
+        "reordered (RCM): restore(layer(apply(x), graph_r))",
     ):
         assert name in names
     # The limit suite knows what each pass must move.

@@ -330,3 +330,18 @@ def test_bad_input_names_the_argument():
         cpu.segment_softmax_fwd(torch.randn(5, 2), torch.tensor([0, 3, 2, 5]))
     with pytest.raises(TypeError, match="'src'"):
         cpu.segment_softmax_fwd(torch.ones(5, 2, dtype=torch.long), torch.tensor([0, 5]))
+
+
+def test_segment_ptr_finds_segments_and_unsorted_indices():
+    gen = torch.Generator().manual_seed(4)
+    index = torch.randint(0, 700, (5000,), generator=gen).sort().values  # empty segments too
+    for ix in (index, index.int()):
+        assert torch.equal(cpu.segment_ptr(ix, 800), ref.segment_ptr(ix.long(), 800))
+    assert (
+        cpu.segment_ptr(index.flip(0), 800) is None and ref.segment_ptr(index.flip(0), 800) is None
+    )
+    empty = torch.zeros(0, dtype=torch.long)
+    assert cpu.segment_ptr(empty, 3).tolist() == ref.segment_ptr(empty, 3).tolist() == [0] * 4
+    for impl in (cpu.segment_ptr, ref.segment_ptr):
+        with pytest.raises(ValueError, match="'index'"):
+            impl(index, 600)  # ids up to 699
