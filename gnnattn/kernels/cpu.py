@@ -22,7 +22,7 @@ row is a DRAM access, and a pass over the edges costs about one SpMM. The
 passes here, and what each gathers per edge (rows of ``H*C`` numbers):
 
 * forward: ``k_j`` then ``v_j`` (2 rows; ``q_i`` and ``out_i`` once per
-  target). Floor: about 2 SpMM.
+  target).
 * backward, destination pass (CSR): ``k_j`` and ``v_j`` (2 rows) give the
   weights, ``dp = dout_i . v_j`` and ``D_i = sum_j alpha_ij dp_ij``; a second
   sweep over the target's edges (in cache) accumulates ``dq_i``.
@@ -32,10 +32,38 @@ passes here, and what each gathers per edge (rows of ``H*C`` numbers):
   write one row and no atomics are needed. The weights and score gradients
   are recomputed here rather than stored, so the backward makes no
   ``[E, H]`` arrays (without edge features) and does not need the forward's
-  output. Floor for forward + backward: about 6 SpMM.
+  output. Forward + backward: 6 gathered rows per edge, SpMM 1.
 
-Where the time goes (measured; ``gnnattn bench --suite limit`` prints it):
-see the table in the README's Performance section. MEASURED-BREAKDOWN
+Software prefetch. With every head of an edge in one loop body, the
+out-of-order core sees only an edge or two ahead and would wait on each
+gathered row in turn (about 100 ns each from DRAM). Each pass therefore
+prefetches the rows of the edge ``_AHEAD = 16`` positions further on, every
+cache line of them: this alone made the source pass 3.5x faster at
+N = 200k. MKL's SpMM does not, which is why the passes below move their
+(larger) traffic faster than it does once the rows come from DRAM.
+
+Where the time goes (``gnnattn bench --suite limit``; float32, 2 threads,
+this project's 2-core AMD EPYC, load average 1.2-1.9; random graph, 32
+in-edges per node, ``H*C = 4*32``; GB/s counts the bytes each call must
+move at least):
+
+=========================  =====================  =====================
+one call                   N = 20k (k, v in L3)   N = 200k (DRAM)
+=========================  =====================  =====================
+CSR SpMM (the yardstick)   9.4 ms, 38 GB/s        348 ms, 10 GB/s
+forward                    16.9 ms, 1.8x SpMM     265 ms, 0.76x SpMM
+backward, destination      27.9 ms, 3.0x          363 ms, 1.04x
+backward, source           30.2 ms, 3.2x          430 ms, 1.24x
+forward + backward         76 ms, 8.1x            1089 ms, 3.1x
+=========================  =====================  =====================
+
+From DRAM each pass runs at 17-26 GB/s (SpMM: 10): the passes are bound by
+memory latency and bandwidth, and the backward's source pass, whose gathers
+also fetch a cache line of ``(lse_i, D_i)`` per edge, is the slowest. In
+cache the work per edge shows instead: per edge and head a 32-wide dot
+product ends in a horizontal reduction (forward: 1, backward: 4) and an
+exponential (one per pass), where SpMM does one multiply-add per element;
+this is where a fused in-cache kernel still trails SpMM by 2-3x per pass.
 
 Arithmetic. Float64 inputs compute in float64, float32 inputs in float32
 (accumulators included); float16/bfloat16 are upcast to float32 and the
@@ -45,10 +73,14 @@ kernels are compiled with the fast-math flags ``reassoc``, ``contract``,
 multiply-adds), but not ``nnan``/``ninf``: ``-inf`` scores are data. Every
 sum over a segment is made by one thread in one compiled loop, so results are
 bitwise the same on every run and every thread count. ``exp`` in float32 is
-an inlined Cody-Waite + degree-6 polynomial (Cephes ``expf``, within 2 ulp of
-libm), compiled *without* fast-math so that the two-part ``ln 2`` survives:
-libm's ``expf`` is a call LLVM cannot vectorize, and the forward takes one
-exponential per edge and head. Float64 uses libm's ``exp``.
+an inlined Cody-Waite + degree-6 polynomial (Cephes ``expf``, within 1 ulp of
+libm on the tested range), compiled with ``fastmath=False`` set explicitly
+(numba otherwise compiles a callee with its caller's flags) so that the
+two-part ``ln 2`` survives: libm's ``expf`` is a call LLVM cannot vectorize,
+and every pass takes one exponential per edge and head. Float64 uses libm's
+``exp``. Indices that LLVM cannot prove non-negative make numba's
+wrap-around check turn row loads into gathers (5x slower dot products), so
+every row loop starts from an index masked with ``_NN``.
 
 Work split. The ``prange`` iterations are chunks of consecutive targets (for
 the source pass, of consecutive sources), about ``4 x threads`` of them, cut
@@ -59,9 +91,20 @@ softmax's ``(max, sum, acc)`` merge forward, plain sums backward); the cut
 depends only on the graph, never on the thread count, so neither do the
 results.
 
-Index width. ``ptr`` is int64; ``col`` (and the transposed CSR's ``row`` and
-``perm``) may be int32 or int64: numba compiles a version for each.
-:class:`gnnattn.AttentionGraph` keeps its transposed CSR in int32 on the CPU.
+Index width and memory. ``ptr`` is int64; ``col`` (and the transposed CSR's
+``row`` and ``perm``) may be int32 or int64: numba compiles a version for
+each. :class:`gnnattn.AttentionGraph` keeps its transposed CSR in int32 on
+the CPU and an int32 CSR adjacency as given. The backward needs neither the
+forward's output nor any ``[E, H]`` array (without edge features), so a
+``SelfAttentionConv`` at N = 1M, embed 128, peaks at its ten ``[N, 128]``
+tensors (input, upstream gradient, output, q, k, v, dout, dq, dk, dv:
+5.1 GB) plus the indices and the interpreter (``gnnattn bench --scale``).
+
+Segment softmax. Per segment: a max pass, an exp pass and a normalize pass,
+the last two in cache; on the flat ``[E * F]`` view in lanes (see below), so
+the loops vectorize for any number of heads ``F``. It moves 2 x 4 bytes per
+element; at E = 10M, H = 4 about a third of its time is the first write of
+its (fresh) output pages.
 
 First call. Importing this module compiles nothing. The first call of each
 kernel per dtype compiles it (a few seconds) and writes the machine code to
