@@ -257,10 +257,7 @@ class _FusedAttention(torch.autograd.Function):
         q, k, v, bias, out, lse = ctx.saved_tensors
         graph = ctx.graph
         ptr, col = _csr_for(graph, q.device)
-        csc = tuple(graph.csc)
-        if q.device.type != "cpu":
-            # The Triton kernels take int64 indices; the graph keeps int32 on the CPU.
-            csc = tuple(t.long() for t in csc)
+        csc = _widened(tuple(graph.csc), q.device)
         kern = kernels.get(q.device)
         dq, dk, dv, dbias = kern.attention_bwd(
             q, k, v, out, lse, grad_out.contiguous(), ptr, col, ctx.scale, bias, csc=csc
@@ -275,10 +272,16 @@ def _csr_for(graph: AttentionGraph, device: torch.device) -> tuple[Tensor, Tenso
     Triton kernels take int64 (a no-op unless the graph was built from an
     int32 adjacency).
     """
-    csr = graph.csr
+    ptr, col = _widened((graph.csr.ptr, graph.csr.col), device)
+    return ptr, col
+
+
+def _widened(indices: tuple[Tensor, ...], device: torch.device) -> tuple[Tensor, ...]:
+    """Index tensors as the device's kernel takes them: as held on the CPU
+    (int32 or int64), int64 for Triton (a no-op for int64)."""
     if device.type == "cpu":
-        return csr.ptr, csr.col
-    return csr.ptr.long(), csr.col.long()
+        return indices
+    return tuple(t.long() for t in indices)
 
 
 def _kernel_dtype(t: Tensor) -> torch.dtype:

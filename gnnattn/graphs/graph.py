@@ -524,18 +524,15 @@ class AttentionGraph:
                 view = AttentionGraph.__new__(AttentionGraph)
                 if s is not None and self._edge_index is None:
                     # Edges never built: the view needs none either.
-                    kind = "causal" if s.kind == "complete" else "causal_window"
                     view._init(None, self.num_dst, self.num_dst, False, device=self._device)
-                    view._structure = Structure(kind, s.lengths, s.window)
-                    view._detected = view._is_causal = True
+                    view._is_causal = True
                     view._parent = self
                 else:
                     view._init(self.edge_index, self.num_dst, self.num_dst, False)
                     view._prune_causal()
-                    if s is not None:
-                        kind = "causal" if s.kind == "complete" else "causal_window"
-                        view._structure = Structure(kind, s.lengths, s.window)
-                        view._detected = True
+                if s is not None:
+                    view._structure = s.causal()
+                    view._detected = True
                 self._causal_view = view
         return self._causal_view
 

@@ -64,6 +64,13 @@ class Structure:
         """Whether every edge :math:`j \\to i` has :math:`j \\le i`."""
         return self.kind in ("causal", "causal_window")
 
+    def causal(self) -> Structure:
+        """The structure left once the edges :math:`j > i` are dropped."""
+        if self.is_causal:
+            return self
+        kind = "causal" if self.kind == "complete" else "causal_window"
+        return Structure(kind, self.lengths, self.window)
+
     def __repr__(self) -> str:
         lengths = list(self.lengths) if len(self.lengths) <= 8 else f"{len(self.lengths)} blocks"
         window = f", window={self.window}" if self.kind in ("window", "causal_window") else ""
