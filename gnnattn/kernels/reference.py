@@ -15,24 +15,47 @@ Rules shared by all implementations (they are the rules of
 :func:`gnnattn.scatter_softmax`): the per-target maximum is subtracted before
 ``exp``; a ``-inf`` score gets weight 0; a target with no incoming edges, or
 whose scores are all ``-inf``, gets all-zero weights (and a zero attention
-output, ``lse = -inf``), never NaN, forward and backward.
+output, ``lse = -inf``), never NaN, forward and backward; a NaN score or value
+makes its target's output NaN (a segment sum that is NaN is divided by, never
+replaced).
+
+The attention functions also take the options every backend has (see
+:mod:`gnnattn.kernels.common` for the dropout stream):
+
+* ``bias``: ``[E, H]`` added to the scores (edge features as a score bias);
+* ``value_bias``: ``[E, H, Cv]`` added to the source's value on that edge,
+  ``o_i = sum_j alpha_ij (v_j + value_bias_ij)``;
+* ``dropout``: a :class:`~gnnattn.kernels.common.Dropout`; the weights that
+  the stream drops are zeroed and the others scaled by ``1 / (1 - p)``
+  *after* the softmax (``lse`` is that of the undropped scores).
+
+Every per-edge array is in destination-CSR order. ``plan(ptr, col, num_cols)``
+validates a CSR once; the functions take the result as ``plan=`` (the
+compiled kernels keep their work split in it; the reference only its checks).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..graphs.csr import segment_ids
+from .common import Dropout, check_index, check_ptr, dropout_keep
 
 __all__ = [
+    "Checked",
+    "dropout_factor",
     "attention_bwd",
     "attention_fwd",
     "attention_scores",
     "attention_weights",
+    "plan",
     "segment_ids",
     "segment_max",
     "segment_ptr",
+    "segment_softmax",
     "segment_softmax_bwd",
     "segment_softmax_fwd",
     "segment_sum",
@@ -64,18 +87,26 @@ def segment_ptr(index: Tensor, num_segments: int) -> Tensor | None:
     return ptr
 
 
-def segment_softmax_fwd(src: Tensor, ptr: Tensor) -> Tensor:
-    """Stable softmax of ``src`` ``[E, H]`` within each CSR segment of ``ptr``."""
-    n = ptr.numel() - 1
-    index = segment_ids(ptr, src.shape[0])
+def segment_softmax(src: Tensor, index: Tensor, n: int) -> Tensor:
+    """Stable softmax of ``src`` ``[E, ...]`` within the segments of ``index`` (any order).
+
+    The one torch segment softmax: :func:`segment_softmax_fwd` (CSR segments)
+    and :func:`gnnattn.scatter_softmax` use it.
+    """
     m = segment_max(src, index, n)
     # An empty or all -inf segment has max -inf; shifting by it would give
     # (-inf) - (-inf) = NaN, so shift by 0 instead: every exp is then 0.
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
     e = torch.exp(src - m[index])
     s = segment_sum(e, index, n)
-    s = torch.where(s > 0, s, torch.ones_like(s))
+    # Only a zero sum (all weights 0) is replaced: a NaN sum stays NaN.
+    s = torch.where(s == 0, torch.ones_like(s), s)
     return e / s[index]
+
+
+def segment_softmax_fwd(src: Tensor, ptr: Tensor) -> Tensor:
+    """Stable softmax of ``src`` ``[E, H]`` within each CSR segment of ``ptr``."""
+    return segment_softmax(src, segment_ids(ptr, src.shape[0]), ptr.numel() - 1)
 
 
 def segment_softmax_bwd(y: Tensor, grad: Tensor, ptr: Tensor) -> Tensor:
@@ -84,6 +115,20 @@ def segment_softmax_bwd(y: Tensor, grad: Tensor, ptr: Tensor) -> Tensor:
     index = segment_ids(ptr, y.shape[0])
     dot = segment_sum(grad * y, index, n)
     return y * (grad - dot[index])
+
+
+class Checked(NamedTuple):
+    """The reference's plan: the sizes a CSR was checked against."""
+
+    num_edges: int
+    num_cols: int
+
+
+def plan(ptr: Tensor, col: Tensor, num_cols: int) -> Checked:
+    """Check a CSR once (``ptr`` well formed, ``col`` ids in ``[0, num_cols)``)."""
+    check_ptr(ptr, col.numel())
+    check_index(col, num_cols)
+    return Checked(col.numel(), num_cols)
 
 
 def attention_scores(
@@ -97,6 +142,21 @@ def attention_scores(
     return s
 
 
+def dropout_factor(
+    dropout: Dropout | None, num_edges: int, num_heads: int, like: Tensor
+) -> Tensor | None:
+    """``keep / (1 - p)`` per edge and head, ``[E, H]`` typed like ``like``, or ``None``."""
+    if dropout is None:
+        return None
+    keep = dropout_keep(dropout, num_edges, num_heads, like.device)
+    return keep.to(like.dtype) * dropout.scale
+
+
+def _messages(v: Tensor, col: Tensor, value_bias: Tensor | None) -> Tensor:
+    vj = v[col]  # (E, H, Cv)
+    return vj + value_bias if value_bias is not None else vj
+
+
 def attention_fwd(
     q: Tensor,
     k: Tensor,
@@ -105,6 +165,10 @@ def attention_fwd(
     col: Tensor,
     scale: float,
     bias: Tensor | None = None,
+    *,
+    value_bias: Tensor | None = None,
+    dropout: Dropout | None = None,
+    plan: Checked | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Sparse attention over a destination-sorted CSR graph.
 
@@ -116,21 +180,28 @@ def attention_fwd(
         col: ``[E]`` source of each edge.
         scale: multiplies ``q . k``.
         bias: optional ``[E, H]`` additive score bias (edge features).
+        value_bias: optional ``[E, H, Cv]`` added to the values per edge.
+        dropout: optional attention dropout (see the module docstring).
+        plan: from :func:`plan` (unused here: the reference gathers with
+            torch, which bounds-checks).
 
     Returns:
         ``out`` ``[N, H, Cv]`` and the log-sum-exp ``lse`` ``[N, H]`` of each
         target's scores (``-inf`` where the target has no finite score).
     """
-    n = ptr.numel() - 1
+    n, h = ptr.numel() - 1, q.shape[1]
     index = segment_ids(ptr, col.numel())
     s = attention_scores(q, k, ptr, col, scale, bias)
     m = segment_max(s, index, n)
-    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    m_safe = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
     e = torch.exp(s - m_safe[index])
     denom = segment_sum(e, index, n)
-    lse = torch.where(denom > 0, m_safe + torch.log(denom), torch.full_like(denom, float("-inf")))
-    alpha = e / torch.where(denom > 0, denom, torch.ones_like(denom))[index]
-    out = segment_sum(alpha.unsqueeze(-1) * v[col], index, n)
+    lse = torch.where(denom == 0, torch.full_like(denom, float("-inf")), m_safe + torch.log(denom))
+    alpha = e / torch.where(denom == 0, torch.ones_like(denom), denom)[index]
+    f = dropout_factor(dropout, col.numel(), h, alpha)
+    if f is not None:
+        alpha = alpha * f
+    out = segment_sum(alpha.unsqueeze(-1) * _messages(v, col, value_bias), index, n)
     return out, lse
 
 
@@ -143,12 +214,13 @@ def attention_weights(
     lse: Tensor,
     bias: Tensor | None = None,
 ) -> Tensor:
-    """Recompute the weights ``alpha`` ``[E, H]`` from the saved log-sum-exp."""
+    """Recompute the weights ``alpha`` ``[E, H]`` (before dropout) from the saved log-sum-exp."""
     index = segment_ids(ptr, col.numel())
     s = attention_scores(q, k, ptr, col, scale, bias)
     lse_e = lse[index]
     # A target with lse = -inf has no finite score: all its weights are 0.
-    return torch.where(torch.isfinite(lse_e), torch.exp(s - lse_e), torch.zeros_like(s))
+    dead = torch.isinf(lse_e) & (lse_e < 0)
+    return torch.where(dead, torch.zeros_like(s), torch.exp(s - lse_e))
 
 
 def attention_bwd(
@@ -162,29 +234,46 @@ def attention_bwd(
     col: Tensor,
     scale: float,
     bias: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """Gradients of :func:`attention_fwd` w.r.t. ``q``, ``k``, ``v`` and ``bias``.
+    *,
+    value_bias: Tensor | None = None,
+    dropout: Dropout | None = None,
+    csc: tuple[Tensor, Tensor, Tensor] | None = None,
+    plan: Checked | None = None,
+    csc_plan: Checked | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+    """Gradients of :func:`attention_fwd` w.r.t. ``q``, ``k``, ``v``, ``bias``, ``value_bias``.
 
     FlashAttention's recomputation: ``alpha`` comes back from ``lse``, and the
     softmax backward uses ``D_i = sum_c dout_ic * out_ic`` (equal to
-    ``sum_j alpha_ij dalpha_ij``), so nothing of size ``E x C`` is saved.
-    With ``out=None``, ``D_i`` is computed from the edges instead (the form
-    the CPU kernel uses, so that the forward's output need not be kept).
+    ``sum_j alpha_ij dalpha_ij``, dropout and value bias included), so
+    nothing of size ``E x C`` is saved. With ``out=None``, ``D_i`` is computed
+    from the edges instead (the form the CPU kernel uses, so that the
+    forward's output need not be kept). ``csc`` and the plans are accepted
+    for the compiled kernels' signature and not used.
+
+    Returns:
+        ``dq``, ``dk``, ``dv``, ``dbias`` (the score gradient ``dS``
+        ``[E, H]``, ``None`` without ``bias``) and ``dvalue_bias``
+        (``[E, H, Cv]``, ``None`` without ``value_bias``).
     """
-    n, m = q.shape[0], k.shape[0]
+    n, m, h = q.shape[0], k.shape[0], q.shape[1]
     index = segment_ids(ptr, col.numel())
     alpha = attention_weights(q, k, ptr, col, scale, lse, bias)  # (E, H)
+    f = dropout_factor(dropout, col.numel(), h, alpha)
+    kept = alpha * f if f is not None else alpha  # (E, H), the weights the forward used
     g = grad_out[index]  # (E, H, Cv)
-    dv = segment_sum(alpha.unsqueeze(-1) * g, col, m)
-    dalpha = (g * v[col]).sum(-1)  # (E, H)
+    dv = segment_sum(kept.unsqueeze(-1) * g, col, m)
+    dvb = kept.unsqueeze(-1) * g if value_bias is not None else None
+    dkept = (g * _messages(v, col, value_bias)).sum(-1)  # (E, H)
+    dalpha = dkept * f if f is not None else dkept
     if out is not None:
         d = (grad_out * out).sum(-1)  # (N, H)
     else:
         # sum_j alpha_ij dalpha_ij, normalized by sum_j alpha_ij (= 1 up to
         # the rounding of lse, which the division removes).
         total = segment_sum(alpha, index, n)
-        d = segment_sum(alpha * dalpha, index, n) / torch.where(total > 0, total, 1.0)
+        d = segment_sum(alpha * dalpha, index, n) / torch.where(total == 0, 1.0, total)
     ds = alpha * (dalpha - d[index])  # (E, H)
     dq = segment_sum(ds.unsqueeze(-1) * k[col], index, n) * scale
     dk = segment_sum(ds.unsqueeze(-1) * q[index], col, m) * scale
-    return dq, dk, dv, (ds if bias is not None else None)
+    return dq, dk, dv, (ds if bias is not None else None), dvb
