@@ -31,12 +31,17 @@ from .nn import (
     SinusoidalPositionalEncoding,
     sequence_positions,
 )
+from .ops import AttentionOutput, BackendChoice, attention, backend_for
 from .softmax import naive_scatter_softmax, scatter_softmax
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AttentionGraph",
+    "AttentionOutput",
+    "BackendChoice",
+    "attention",
+    "backend_for",
     "CSR",
     "Structure",
     "GraphPositionalEncoding",

@@ -41,10 +41,10 @@ def check_int(value: Any, name: str, *, min: int = 0, optional: bool = False) ->
 def check_float(
     value: Any, name: str, *, lo: float | None = None, hi: float | None = None
 ) -> float:
-    """``value`` as a ``float``, after checking it is a real number in ``[lo, hi)``."""
+    """``value`` as a ``float``, after checking it is a real number (not NaN) in ``[lo, hi)``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"Expected '{name}' to be a float, got {type(value).__name__}")
-    if (lo is not None and value < lo) or (hi is not None and value >= hi):
+    if value != value or (lo is not None and value < lo) or (hi is not None and value >= hi):
         raise ValueError(
             f"Expected '{name}' in [{'-inf' if lo is None else f'{lo:g}'}, "
             f"{'inf' if hi is None else f'{hi:g}'}), got {value}"

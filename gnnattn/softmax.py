@@ -32,7 +32,7 @@ from .checks import check_int
 from .graphs import check_edge_index
 from .kernels import get as get_kernels
 from .kernels import reference
-from .kernels.reference import segment_max, segment_sum
+from .kernels.common import acc_dtype
 
 __all__ = [
     "SoftmaxSteps",
@@ -88,27 +88,6 @@ def _check(src: Tensor, index: Tensor, num_segments: int | None, dim: int) -> tu
     return num_segments, dim
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _torch_fwd(src: Tensor, index: Tensor, n: int) -> Tensor:
-    m = segment_max(src, index, n)
-    # An empty or all -inf segment has max -inf; shift by 0 there instead, or
-    # (-inf) - (-inf) would be NaN. Every exp of such a segment is then 0.
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.exp(src - m[index])
-    s = segment_sum(e, index, n)
-    # s == 0 only where every exp is 0: divide by 1 to give weights 0, not NaN.
-    s = torch.where(s > 0, s, torch.ones_like(s))
-    return e / s[index]
-
-
-def _torch_bwd(y: Tensor, grad: Tensor, index: Tensor, n: int) -> Tensor:
-    dot = segment_sum(grad * y, index, n)
-    return y * (grad - dot[index])
-
-
 def _segment_ptr(index: Tensor, n: int) -> Tensor | None:
     """CSR pointers of a sorted ``index``, or ``None`` when it is not sorted.
 
@@ -129,11 +108,11 @@ class _ScatterSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, src: Tensor, index: Tensor, n: int, ptr: Tensor | None):  # type: ignore[override]
-        x = src.to(_compute_dtype(src.dtype))
+        x = src.to(acc_dtype(src.dtype))
         if ptr is not None:
             y = get_kernels(src.device).segment_softmax_fwd(x.contiguous(), ptr)
         else:
-            y = _torch_fwd(x, index, n)
+            y = reference.segment_softmax(x, index, n)
         ctx.ptr = ptr
         ctx.save_for_backward(y, index)
         ctx.n = n
@@ -146,7 +125,8 @@ class _ScatterSoftmax(torch.autograd.Function):
         if ctx.ptr is not None:
             dx = get_kernels(y.device).segment_softmax_bwd(y, g.contiguous(), ctx.ptr)
         else:
-            dx = _torch_bwd(y, g, index, ctx.n)
+            dot = reference.segment_sum(g * y, index, ctx.n)
+            dx = y * (g - dot[index])
         return dx.to(grad.dtype), None, None, None
 
 
@@ -158,15 +138,17 @@ def _kernel_ok(flat: Tensor) -> bool:
     )
 
 
-def segment_softmax(src: Tensor, index: Tensor, n: int, *, sorted_index: bool = False) -> Tensor:
+def segment_softmax(src: Tensor, index: Tensor, n: int, *, ptr: Tensor | None = None) -> Tensor:
     """:func:`scatter_softmax` along dim 0 of ``src`` ``[E, ...]``, without the checks.
 
-    For callers that already know their input is valid (the layers' messages):
-    ``index`` int64 ``[E]`` with ids below ``n``; ``sorted_index`` says the ids
-    are non-decreasing (then the compiled kernels may run).
+    For callers that already know their input is valid (the operator's
+    message-passing backend): ``index`` int64 ``[E]`` with ids below ``n``;
+    ``ptr`` ``[n + 1]``, when given, the CSR pointers of a sorted ``index``
+    (a graph's, made once), with which the compiled kernels run.
     """
     flat = src.reshape(src.shape[0], math.prod(src.shape[1:]))  # (E, F)
-    ptr = _segment_ptr(index, n) if sorted_index and _kernel_ok(flat) else None
+    if not _kernel_ok(flat):
+        ptr = None
     out = _ScatterSoftmax.apply(flat, index.long(), n, ptr)
     return out.view(src.shape)
 
@@ -239,7 +221,7 @@ def naive_scatter_softmax(
     n, dim = _check(src, index, num_segments, dim)
     x = src.movedim(dim, 0)
     e = torch.exp(x)
-    s = segment_sum(e, index.long(), n)
+    s = reference.segment_sum(e, index.long(), n)
     return (e / s[index.long()]).movedim(0, dim)
 
 

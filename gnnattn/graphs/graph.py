@@ -12,7 +12,12 @@ module-level caches keyed by tensor identity anywhere in gnnattn.
 Safety. Derived index tensors are always made outside inference mode (an
 edge set handed over as an inference tensor is copied once), so a graph first
 used under ``torch.inference_mode()`` still trains afterwards; the lazy
-builds take a lock, so threads sharing one graph build each layout once.
+builds take the object's own lock, so threads sharing one graph build each
+layout once. Derived data lives in one clearly named place, the object's
+:meth:`~AttentionGraph.derived` cache (the operator keeps the kernels' work
+plans there), and dies with the object. The edges are the caller's: a graph
+checks, whenever it reads them, that they were not changed in place since it
+was built (its CSR would be stale), and raises if they were.
 
 A plain ``edge_index`` given to a layer is wrapped in a fresh graph on every
 call: validated (one pass over the edges), and analysed when a backend needs
@@ -24,8 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -38,15 +43,12 @@ from .validate import check_batch, check_edge_index, check_edge_index_static
 
 __all__ = ["AttentionGraph", "GraphLike", "as_graph"]
 
-# One lock for every graph's lazy builds: builds are rare (once per graph and
-# layout) and short next to the attention that needs them, so sharing it
-# costs nothing and keeps the object free of unpicklable members.
-_BUILD_LOCK = threading.RLock()
+_T = TypeVar("_T")
 
 
 @contextlib.contextmanager
-def _building() -> Iterator[None]:
-    """Where derived index tensors are made: under the lock, never as inference tensors.
+def _building(lock: threading.RLock) -> Iterator[None]:
+    """Where derived index tensors are made: under the graph's lock, never as inference tensors.
 
     Index tensors made under ``torch.inference_mode()`` cannot be saved for
     backward later; ``inference_mode(False)`` makes ordinary tensors even when
@@ -56,7 +58,7 @@ def _building() -> Iterator[None]:
     if torch.compiler.is_compiling():
         yield
         return
-    with _BUILD_LOCK, torch.inference_mode(False):
+    with lock, torch.inference_mode(False):
         yield
 
 
@@ -164,7 +166,11 @@ class AttentionGraph:
         device: torch.device | None = None,
         csr: CSR | None = None,
     ) -> None:
-        self._edge_index = edge_index
+        self._lock = threading.RLock()
+        # With the version counter of the edges as given: a later in-place change
+        # of the caller's tensor is detected instead of read through a stale CSR.
+        self._set_edges(edge_index)
+        self._cache: dict[Hashable, Any] = {}
         self.num_dst = num_dst
         self.num_src = num_src
         self.is_bipartite = bipartite
@@ -254,7 +260,7 @@ class AttentionGraph:
             # stack below copies its indices out as an ordinary tensor.
             with torch.inference_mode(adj_t.is_inference()):
                 coo_idx = adj_t.coalesce().indices()
-        with _building():
+        with torch.inference_mode(False):
             csr: CSR | None = None
             if coo_idx is not None:
                 ei = torch.stack([coo_idx[1], coo_idx[0]])
@@ -286,7 +292,27 @@ class AttentionGraph:
         return g
 
     @staticmethod
-    def _lengths(num_nodes: int | None, batch: Tensor | None) -> tuple[tuple[int, ...], Any]:
+    def _lengths(
+        num_nodes: int | None, batch: Tensor | None, lengths: Sequence[int] | None = None
+    ) -> tuple[tuple[int, ...], Any]:
+        """The sequence lengths from exactly one of ``num_nodes``, ``batch``, ``lengths``."""
+        if lengths is not None:
+            if batch is not None:
+                raise ValueError("Expected 'lengths' or 'batch', got both")
+            if isinstance(lengths, Tensor) or not isinstance(lengths, (list, tuple)):
+                raise TypeError(
+                    f"Expected 'lengths' to be a list or tuple of ints, got "
+                    f"{type(lengths).__name__} (pass tensor.tolist() to make the host copy "
+                    f"explicit)"
+                )
+            for t in lengths:
+                check_int(t, "lengths[i]", min=1)
+            total = sum(lengths)
+            if num_nodes is not None and num_nodes != total:
+                raise ValueError(
+                    f"Expected 'num_nodes' equal to sum(lengths) = {total}, got {num_nodes}"
+                )
+            return tuple(int(t) for t in lengths), None
         if batch is None:
             if num_nodes is None:
                 raise ValueError("Expected 'num_nodes' or 'batch', got neither")
@@ -301,15 +327,19 @@ class AttentionGraph:
         num_nodes: int | None = None,
         *,
         batch: Tensor | None = None,
+        lengths: Sequence[int] | None = None,
         device: torch.device | str | None = None,
     ) -> AttentionGraph:
-        """The complete graph (self-loops included), one per sequence of ``batch``.
+        """The complete graph (self-loops included), one per sequence of ``batch``
+        or of ``lengths`` (a list of ints: no batch vector, no device read).
 
         Example:
             >>> AttentionGraph.complete(batch=torch.tensor([0, 0, 1])).structure
             Structure('complete', lengths=[2, 1])
+            >>> AttentionGraph.complete(lengths=[2, 1]).num_edges
+            5
         """
-        lengths, dev = cls._lengths(num_nodes, batch)
+        lengths, dev = cls._lengths(num_nodes, batch, lengths)
         return cls._structured("complete", lengths, device=device or dev)
 
     @classmethod
@@ -318,10 +348,17 @@ class AttentionGraph:
         num_nodes: int | None = None,
         *,
         batch: Tensor | None = None,
+        lengths: Sequence[int] | None = None,
         device: torch.device | str | None = None,
     ) -> AttentionGraph:
-        r"""The causal graph (:math:`j \le i`), one per sequence of ``batch``."""
-        lengths, dev = cls._lengths(num_nodes, batch)
+        r"""The causal graph (:math:`j \le i`), one per sequence of ``batch`` or of
+        ``lengths``.
+
+        Example:
+            >>> AttentionGraph.causal(lengths=[3, 2]).num_edges
+            9
+        """
+        lengths, dev = cls._lengths(num_nodes, batch, lengths)
         return cls._structured("causal", lengths, device=device or dev)
 
     @classmethod
@@ -332,6 +369,7 @@ class AttentionGraph:
         window: int,
         causal: bool = False,
         batch: Tensor | None = None,
+        lengths: Sequence[int] | None = None,
         device: torch.device | str | None = None,
     ) -> AttentionGraph:
         r"""The sliding window :math:`|i - j| \le w` (causal: :math:`0 \le i - j \le w`).
@@ -340,7 +378,7 @@ class AttentionGraph:
         graph, and is marked as such.
         """
         check_int(window, "window")
-        lengths, dev = cls._lengths(num_nodes, batch)
+        lengths, dev = cls._lengths(num_nodes, batch, lengths)
         if lengths and window >= max(lengths) - 1:
             return cls._structured(
                 "causal" if causal else "complete", lengths, device=device or dev
@@ -371,6 +409,55 @@ class AttentionGraph:
 
     # ------------------------------------------------------------ derived data
 
+    def derived(self, key: Hashable, build: Callable[[], _T]) -> _T:
+        """What ``build()`` returns, made on the first call for ``key`` and kept.
+
+        The graph's cache of derived data (the kernels' work plans, index
+        layouts for a device): built once per key under this object's lock,
+        outside inference mode, and gone with the object. Under
+        ``torch.compile`` the value is built and returned, not stored.
+
+        Example:
+            >>> g = AttentionGraph.causal(3)
+            >>> g.derived("degrees", lambda: g.csr.ptr.diff())
+            tensor([1, 2, 3])
+        """
+        cache = self._cache
+        if key in cache:
+            return cache[key]
+        if torch.compiler.is_compiling():
+            return build()
+        with _building(self._lock):
+            if key not in cache:
+                cache[key] = build()
+        return cache[key]
+
+    def _set_edges(self, edge_index: Tensor | None) -> None:
+        self._edge_index = edge_index
+        self._edge_version = edge_index._version if edge_index is not None else None
+
+    def _check_unchanged(self) -> None:
+        ei = self._edge_index
+        if ei is None or torch.compiler.is_compiling() or ei._version == self._edge_version:
+            return
+        raise ValueError(
+            "Expected the edges of an AttentionGraph unchanged since it was built, got an "
+            "edge_index modified in place (its CSR and plans would be stale); build a new "
+            "AttentionGraph from the changed edges (or pass edge_index.clone() when building)"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The lock cannot be pickled, and derived data is rebuilt on demand.
+        state = dict(self.__dict__)
+        state.pop("_lock")
+        state["_cache"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+        self._set_edges(self._edge_index)  # a fresh tensor, with a fresh version counter
+
     def _derive(self, attr: str, build: Any) -> Any:
         """``self.<attr>``, built by ``build()`` on first use and kept.
 
@@ -383,11 +470,14 @@ class AttentionGraph:
             return value
         if torch.compiler.is_compiling():
             return build()
-        with _building():
+        with _building(self._lock):
             value = getattr(self, attr)
             if value is None:
                 value = build()
-                setattr(self, attr, value)
+                if attr == "_edge_index":
+                    self._set_edges(value)
+                else:
+                    setattr(self, attr, value)
         return value
 
     def _build_edge_index(self) -> Tensor:
@@ -407,11 +497,13 @@ class AttentionGraph:
     @property
     def edge_index(self) -> Tensor:
         """The edges, ``[2, |E|]`` int64, in the caller's order (built on first use)."""
+        self._check_unchanged()
         return self._derive("_edge_index", self._build_edge_index)
 
     @property
     def csr(self) -> CSR:
         """Destination-sorted CSR (``ptr``, ``col``, ``perm``), built once."""
+        self._check_unchanged()
         return self._derive("_csr", lambda: to_csr(self.edge_index, self.num_dst, self.num_src))
 
     @property
@@ -436,7 +528,7 @@ class AttentionGraph:
         if not self._detected:
             if torch.compiler.is_compiling():
                 return None  # detection reads tensor values
-            with _building():
+            with _building(self._lock):
                 if not self._detected:
                     s = detect_structure(self.csr, self.num_dst, self.num_src)
                     self._structure = s
@@ -492,13 +584,13 @@ class AttentionGraph:
                 "data-dependent number of edges): build AttentionGraph(edge_index, causal=True) "
                 "before the compiled call and pass it in"
             )
-        with _building():
+        with _building(self._lock):
             keep = ei[0] <= ei[1]  # (E,)
             if not bool(keep.all()):
                 idx = keep.nonzero().view(-1)  # (E',) kept positions, in order
                 self._input_edges = idx
                 self._num_input_edges = int(ei.shape[1])
-                self._edge_index = ei[:, idx]
+                self._set_edges(ei[:, idx])
                 self._csr = None
         self._is_causal = True
 
@@ -519,7 +611,7 @@ class AttentionGraph:
         if self._causal_view is not None:
             return self._causal_view
         s = self._structure
-        with _building():
+        with _building(self._lock):
             if self._causal_view is None:
                 view = AttentionGraph.__new__(AttentionGraph)
                 if s is not None and self._edge_index is None:
@@ -564,6 +656,8 @@ class AttentionGraph:
             return self
         g = AttentionGraph.__new__(AttentionGraph)
         g.__dict__.update(self.__dict__)
+        g._lock = threading.RLock()
+        g._cache = {}
         g._device = device
         g._parent = self._parent.to(device) if self._parent is not None else None
 
@@ -577,8 +671,8 @@ class AttentionGraph:
                 return t.to(device, torch.int64)
             return t.to(device)
 
-        with _building():
-            g._edge_index = move(self._edge_index)
+        with _building(self._lock):
+            g._set_edges(move(self._edge_index))
             g._csr = move(self._csr)
             g._csc = move(self._csc)
             g._input_edges = move(self._input_edges)
@@ -687,9 +781,9 @@ def as_graph(
             return AttentionGraph.bipartite(num_src, num_dst, device=device)
         if batch is not None:
             # Validated once (one pass and one sync), then only its lengths are kept.
-            lengths = tuple(sequence_lengths(check_batch(batch, num_dst, device=device)))
-            kind = "causal" if causal else "complete"
-            return AttentionGraph._structured(kind, lengths, device=device)
+            lengths = sequence_lengths(check_batch(batch, num_dst, device=device))
+            build = AttentionGraph.causal if causal else AttentionGraph.complete
+            return build(lengths=list(lengths), device=device)
         build = AttentionGraph.causal if causal else AttentionGraph.complete
         return build(num_dst, device=device)
     if not isinstance(graph, AttentionGraph):

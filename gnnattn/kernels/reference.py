@@ -53,6 +53,7 @@ __all__ = [
     "attention_weights",
     "plan",
     "segment_ids",
+    "segment_logsumexp",
     "segment_max",
     "segment_ptr",
     "segment_softmax",
@@ -102,6 +103,15 @@ def segment_softmax(src: Tensor, index: Tensor, n: int) -> Tensor:
     # Only a zero sum (all weights 0) is replaced: a NaN sum stays NaN.
     s = torch.where(s == 0, torch.ones_like(s), s)
     return e / s[index]
+
+
+def segment_logsumexp(src: Tensor, index: Tensor, n: int) -> Tensor:
+    """Per-segment ``log sum exp`` of ``src`` ``[E, ...]``, stable; ``-inf`` for empty or
+    all ``-inf`` segments."""
+    m = segment_max(src, index, n)
+    m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
+    s = segment_sum(torch.exp(src - m[index]), index, n)
+    return torch.where(s == 0, torch.full_like(s, float("-inf")), m + torch.log(s))
 
 
 def segment_softmax_fwd(src: Tensor, ptr: Tensor) -> Tensor:

@@ -5,14 +5,12 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
 from ..checks import check_float, check_int, check_x
 from ..graphs import AttentionGraph, GraphLike, as_graph
-from ..ops import check_backend, fused_attention, resolve_backend, sdpa_attention
-from ..softmax import segment_softmax
+from ..ops import AttentionOutput, BackendChoice, attention, backend_for, check_backend
 
 __all__ = ["SelfAttentionConv"]
 
@@ -59,11 +57,13 @@ class SelfAttentionConv(MessagePassing):
             graph is pruned, and ``edge_attr`` with it: a plain
             ``edge_index`` on every call, an :class:`~gnnattn.AttentionGraph`
             once, by the object itself). (default: :obj:`False`)
-        backend (str, optional): ``"auto"``, ``"mp"`` (message passing, the
-            reference), ``"sdpa"`` (SDPA, for complete/causal/window graphs) or
-            ``"fused"`` (sparse kernel); see :mod:`gnnattn.ops`. Edge score
-            biases run on ``"mp"`` and ``"fused"``; ``edge_value`` and attention
-            dropout on sparse graphs only on ``"mp"`` (``"auto"`` picks it).
+        backend (str, optional): the default backend of
+            :func:`gnnattn.attention`: ``"auto"``, ``"mp"`` (message passing,
+            the reference), ``"sdpa"`` (SDPA, for complete/causal/window
+            graphs without edge features) or ``"fused"`` (sparse kernel: every
+            option, dropout and edge features included); a call can override
+            it (``layer(x, graph, backend="mp")``), and
+            :meth:`backend_for` says which one a call takes and why.
             (default: ``"auto"``)
         edge_dim (int, optional): width of ``edge_attr``; enables the per-head
             score bias :math:`W_E e_{ij}`. (default: :obj:`None`)
@@ -171,6 +171,7 @@ class SelfAttentionConv(MessagePassing):
         *,
         batch: Tensor | None = None,
         return_attention_weights: bool = False,
+        backend: str | None = None,
     ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
         """Attend over ``edge_index`` (default: the complete or causal graph).
 
@@ -193,42 +194,94 @@ class SelfAttentionConv(MessagePassing):
                 ``edge_index``. (default: :obj:`None`)
             return_attention_weights (bool, optional): also return
                 ``(edge_index, alpha)``. (default: :obj:`False`)
+            backend (str, optional): this call's backend instead of the
+                layer's. (default: :obj:`None`)
         """
-        x_src, x_dst, bipartite = self._split_x(x)
+        graph, x_src, x_dst, edge_attr = self._inputs(x, edge_index, edge_attr, batch)
+        h, c = self.num_heads, self.head_dim
         n_src, n_dst = x_src.shape[0], x_dst.shape[0]
+        score_bias, value_bias = self._edge_biases(edge_attr)
+        q = self.lin_query(x_dst).view(n_dst, h, c)  # (N, H, C)
+        k = self.lin_key(x_src).view(n_src, h, c)  # (M, H, C)
+        v = self.lin_value(x_src).view(n_src, h, c)  # (M, H, C)
+        res = attention(
+            q,
+            k,
+            v,
+            graph,
+            scale=self.scale,
+            score_bias=score_bias,
+            value_bias=value_bias,
+            dropout_p=self.dropout if self.training else 0.0,
+            backend=self.backend if backend is None else check_backend(backend),
+            need_weights=return_attention_weights,
+        )
+        o = res.out if isinstance(res, AttentionOutput) else res
+        out = self.lin_out(o.reshape(n_dst, self.embed_dim))  # (N, D)
+        if isinstance(res, AttentionOutput):
+            assert res.weights is not None
+            return out, (graph.edge_index, res.weights)
+        return out
+
+    def backend_for(
+        self,
+        x: Tensor | tuple[Tensor, Tensor],
+        edge_index: GraphLike | None = None,
+        edge_attr: Tensor | None = None,
+        *,
+        batch: Tensor | None = None,
+        backend: str | None = None,
+    ) -> BackendChoice:
+        """The backend the call ``self(x, edge_index, edge_attr, batch=batch)`` takes, and why.
+
+        Example:
+            >>> layer = SelfAttentionConv(8, num_heads=2)
+            >>> ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+            >>> layer.backend_for(torch.randn(3, 8), ei).backend
+            'fused'
+        """
+        graph, _, x_dst, edge_attr = self._inputs(x, edge_index, edge_attr, batch)
+        q = x_dst.new_empty(0, self.num_heads, self.head_dim)
+        return backend_for(
+            q,
+            graph,
+            backend=self.backend if backend is None else check_backend(backend),
+            score_bias=edge_attr is not None,
+            value_bias=edge_attr is not None and self.edge_value,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+
+    def _inputs(
+        self,
+        x: Tensor | tuple[Tensor, Tensor],
+        edge_index: GraphLike | None,
+        edge_attr: Tensor | None,
+        batch: Tensor | None,
+    ) -> tuple[AttentionGraph, Tensor, Tensor, Tensor | None]:
+        """``(graph, x_src, x_dst, edge_attr)`` checked, with ``edge_attr`` on the graph's edges."""
+        x_src, x_dst, bipartite = self._split_x(x)
         graph = as_graph(
             edge_index,
-            num_src=n_src,
-            num_dst=n_dst,
+            num_src=x_src.shape[0],
+            num_dst=x_dst.shape[0],
             device=x_dst.device,
             batch=batch,
             causal=self.causal,
             bipartite=bipartite,
         )
         edge_attr = self._check_edge_attr(edge_attr, edge_index, graph, x_dst)
-        dropout_active = self.training and self.dropout > 0
+        return graph, x_src, x_dst, edge_attr
 
-        h, c = self.num_heads, self.head_dim
-        score_bias: Tensor | None = None
-        value_edge: Tensor | None = None
-        if edge_attr is not None:
-            assert self.lin_edge is not None
-            score_bias = self.lin_edge(edge_attr)  # (E, H)
-            if self.lin_edge_value is not None:
-                value_edge = self.lin_edge_value(edge_attr).view(-1, h, c)  # (E, H, C)
-        backend = self._resolve(graph, x_dst.device, dropout_active, score_bias, value_edge)
-
-        q = self.lin_query(x_dst).view(n_dst, h, c)  # (N, H, C)
-        k = self.lin_key(x_src).view(n_src, h, c)  # (M, H, C)
-        v = self.lin_value(x_src).view(n_src, h, c)  # (M, H, C)
-        out, alpha = self._attend(
-            q, k, v, graph, backend, return_attention_weights, score_bias, value_edge
-        )
-        out = self.lin_out(out.reshape(n_dst, self.embed_dim))  # (N, D)
-        if return_attention_weights:
-            assert alpha is not None
-            return out, (graph.edge_index, alpha)
-        return out
+    def _edge_biases(self, edge_attr: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        """The score bias ``[E, H]`` and value bias ``[E, H, C]`` of the edge features."""
+        if edge_attr is None:
+            return None, None
+        assert self.lin_edge is not None
+        score_bias = self.lin_edge(edge_attr)  # (E, H)
+        if self.lin_edge_value is None:
+            return score_bias, None
+        value_bias = self.lin_edge_value(edge_attr)  # (E, D)
+        return score_bias, value_bias.view(-1, self.num_heads, self.head_dim)  # (E, H, C)
 
     # ----------------------------------------------------------------- input
 
@@ -312,84 +365,6 @@ class SelfAttentionConv(MessagePassing):
             )
         # Rows follow the given edges; a causal layer's graph may have dropped some.
         return graph.select_edges(edge_attr)
-
-    def _resolve(
-        self,
-        graph: AttentionGraph,
-        device: torch.device,
-        dropout_active: bool,
-        score_bias: Tensor | None,
-        value_edge: Tensor | None,
-    ) -> str:
-        if value_edge is not None:
-            if self.backend in ("sdpa", "fused"):
-                raise ValueError(
-                    f"backend={self.backend!r} cannot add edge features to the values "
-                    f"(edge_value=True); use backend='mp' or 'auto'"
-                )
-            return "mp"
-        return resolve_backend(
-            self.backend,
-            graph,
-            device,
-            dropout_active=dropout_active,
-            has_bias=score_bias is not None,
-        )
-
-    # ----------------------------------------------------------------- compute
-
-    def _attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        graph: AttentionGraph,
-        backend: str,
-        need_weights: bool,
-        score_bias: Tensor | None = None,
-        value_edge: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        if backend == "sdpa":
-            p = self.dropout if self.training else 0.0
-            return sdpa_attention(
-                q, k, v, graph, self.scale, dropout_p=p, need_weights=need_weights
-            )
-        if backend == "fused":
-            return fused_attention(
-                q, k, v, graph, self.scale, bias=score_bias, need_weights=need_weights
-            )
-        # The weights come from edge_updater and go into propagate as an edge
-        # input: nothing is left on the layer between the two (threads may
-        # share it).
-        size = (k.shape[0], q.shape[0])
-        alpha = self.edge_updater(
-            graph.edge_index, query=q, key=k, score_bias=score_bias, size=size
-        )  # (E, H)
-        out = self.propagate(
-            graph.edge_index, value=v, alpha=alpha, value_edge=value_edge, size=size
-        )  # (N, H, C)
-        return out, alpha
-
-    def edge_update(
-        self,
-        query_i: Tensor,
-        key_j: Tensor,
-        score_bias: Tensor | None,
-        index: Tensor,
-        ptr: Tensor | None,
-        size_i: int | None,
-    ) -> Tensor:
-        """The weights :math:`\\alpha_{ij}^h`, ``[E, H]``: stable softmax per target."""
-        score = (query_i * key_j).sum(dim=-1) * self.scale  # (E, H)
-        if score_bias is not None:
-            score = score + score_bias  # (E, H)
-        return segment_softmax(score, index, size_i if size_i is not None else 0)
-
-    def message(self, value_j: Tensor, alpha: Tensor, value_edge: Tensor | None) -> Tensor:
-        alpha = F.dropout(alpha, p=self.dropout, training=self.training)
-        if value_edge is not None:
-            value_j = value_j + value_edge  # (E, H, C)
-        return value_j * alpha.unsqueeze(-1)  # (E, H, C)
 
     # ----------------------------------------------------------------- interop
 

@@ -6,9 +6,8 @@ from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
 from ..checks import check_float, check_x
-from ..graphs import AttentionGraph, GraphLike, as_graph
-from ..ops import check_backend, fused_attention, resolve_backend, sdpa_attention
-from ..softmax import segment_softmax
+from ..graphs import GraphLike, as_graph
+from ..ops import AttentionOutput, attention, check_backend
 
 __all__ = ["SimplifiedAttention"]
 
@@ -34,7 +33,8 @@ class SimplifiedAttention(MessagePassing):
         causal (bool, optional): keep only edges :math:`j \le i`.
             (default: :obj:`False`)
         backend (str, optional): ``"auto"``, ``"mp"``, ``"sdpa"`` or
-            ``"fused"``, as in :class:`SelfAttentionConv`. (default: ``"auto"``)
+            ``"fused"``, as in :class:`SelfAttentionConv`; a call can override
+            it. (default: ``"auto"``)
 
     Shapes:
         - **input:** ``x`` ``[|V|, d]``, optional graph (an
@@ -64,46 +64,34 @@ class SimplifiedAttention(MessagePassing):
         *,
         batch: Tensor | None = None,
         return_attention_weights: bool = False,
+        backend: str | None = None,
     ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
         """Attend over ``edge_index`` (default: the complete or causal graph).
 
         ``edge_index`` is an :class:`~gnnattn.AttentionGraph` or anything it
         takes (see :class:`SelfAttentionConv`); ``batch`` builds one complete
-        (causal) graph per sequence instead.
+        (causal) graph per sequence instead; ``backend`` overrides the
+        layer's for this call.
         """
         check_x(x)
         n, d = x.shape
         graph = as_graph(
             edge_index, num_src=n, num_dst=n, device=x.device, batch=batch, causal=self.causal
         )
-        backend = resolve_backend(self.backend, graph, x.device)
         h = x.view(n, 1, d)  # (N, 1, d): one head whose q = k = v = x
-        out, alpha = self._attend(h, graph, backend, return_attention_weights)
-        out = out.view(n, d)
-        if return_attention_weights:
-            assert alpha is not None
-            return out, (graph.edge_index, alpha.view(-1))
-        return out
-
-    def _attend(
-        self, h: Tensor, graph: AttentionGraph, backend: str, need_weights: bool
-    ) -> tuple[Tensor, Tensor | None]:
-        if backend == "sdpa":
-            return sdpa_attention(h, h, h, graph, self.scale, need_weights=need_weights)
-        if backend == "fused":
-            return fused_attention(h, h, h, graph, self.scale, need_weights=need_weights)
-        size = (h.shape[0], h.shape[0])
-        # Weights from edge_updater, handed to propagate: no state on the layer.
-        alpha = self.edge_updater(graph.edge_index, x=h, size=size)  # (E, 1)
-        out = self.propagate(graph.edge_index, x=h, alpha=alpha, size=size)  # (N, 1, d)
-        return out, alpha
-
-    def edge_update(self, x_i: Tensor, x_j: Tensor, index: Tensor, size_i: int | None) -> Tensor:
-        omega = (x_i * x_j).sum(dim=-1) * self.scale  # (E, 1)
-        return segment_softmax(omega, index, size_i if size_i is not None else 0)
-
-    def message(self, x_j: Tensor, alpha: Tensor) -> Tensor:
-        return x_j * alpha.unsqueeze(-1)  # (E, 1, d)
+        res = attention(
+            h,
+            h,
+            h,
+            graph,
+            scale=self.scale,
+            backend=self.backend if backend is None else check_backend(backend),
+            need_weights=return_attention_weights,
+        )
+        if isinstance(res, AttentionOutput):
+            assert res.weights is not None
+            return res.out.view(n, d), (graph.edge_index, res.weights.view(-1))
+        return res.view(n, d)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}(scale={self.scale:g})"

@@ -162,6 +162,7 @@ class GraphTransformerLayer(torch.nn.Module):
         *,
         batch: Tensor | None = None,
         return_attention_weights: bool = False,
+        backend: str | None = None,
     ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
         """One block over ``edge_index`` (default: complete/causal graph per sequence).
 
@@ -175,10 +176,17 @@ class GraphTransformerLayer(torch.nn.Module):
                 ``edge_index``. (default: :obj:`None`)
             return_attention_weights (bool, optional): also return
                 ``(edge_index, alpha)`` of the attention. (default: :obj:`False`)
+            backend (str, optional): the attention's backend for this call
+                instead of the layer's. (default: :obj:`None`)
         """
         h = self.norm1(x) if self.norm_first else x
         res = self.self_attn(
-            h, edge_index, edge_attr, batch=batch, return_attention_weights=return_attention_weights
+            h,
+            edge_index,
+            edge_attr,
+            batch=batch,
+            return_attention_weights=return_attention_weights,
+            backend=backend,
         )
         if isinstance(res, tuple):
             sa, weights = res
@@ -359,6 +367,7 @@ class GraphTransformer(torch.nn.Module):
         *,
         batch: Tensor | None = None,
         return_attention_weights: bool = False,
+        backend: str | None = None,
     ) -> Tensor | tuple[Tensor, list[tuple[Tensor, Tensor]]]:
         """All blocks over one graph (default: complete/causal graph per sequence).
 
@@ -372,6 +381,8 @@ class GraphTransformer(torch.nn.Module):
                 ``edge_index``. (default: :obj:`None`)
             return_attention_weights (bool, optional): also return one
                 ``(edge_index, alpha [|E|, H])`` per block. (default: :obj:`False`)
+            backend (str, optional): every block's attention backend for this
+                call instead of the layers'. (default: :obj:`None`)
         """
         # One graph object for every block: built (validated, pruned, analysed)
         # once per call, whatever form the graph came in.
@@ -395,7 +406,13 @@ class GraphTransformer(torch.nn.Module):
             edge_attr = graph.select_edges(edge_attr)
         weights: list[tuple[Tensor, Tensor]] = []
         for layer in self.layers:
-            res = layer(x, graph, edge_attr, return_attention_weights=return_attention_weights)
+            res = layer(
+                x,
+                graph,
+                edge_attr,
+                return_attention_weights=return_attention_weights,
+                backend=backend,
+            )
             if isinstance(res, tuple):
                 x, w = res
                 weights.append(w)

@@ -1,0 +1,27 @@
+"""The attention operator and its backends.
+
+* :func:`attention` (:mod:`.operator`): the one operator every layer calls;
+* :func:`backend_for` (:mod:`.choice`): which backend a call takes, and why;
+* the backends: :mod:`.mp` (PyG message passing, the reference),
+  :mod:`.sdpa` (dense SDPA for structured graphs), :mod:`.fused` (the sparse
+  kernels of :mod:`gnnattn.kernels`).
+
+Everything about the graph (its structure, its CSR and transposed CSR, the
+kernels' plans) comes from the graph object, built once by its owner; nothing
+here caches.
+"""
+
+from .choice import BACKENDS, BackendChoice, backend_for, check_backend
+from .mp import MessagePassingAttention, dropout_mask
+from .operator import AttentionOutput, attention
+
+__all__ = [
+    "BACKENDS",
+    "AttentionOutput",
+    "BackendChoice",
+    "MessagePassingAttention",
+    "attention",
+    "backend_for",
+    "check_backend",
+    "dropout_mask",
+]

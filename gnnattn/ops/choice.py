@@ -1,0 +1,128 @@
+"""Which backend a call of :func:`gnnattn.attention` takes, and why: one function, one table.
+
+=========================================  ==========================================
+the call                                    ``backend="auto"`` takes
+=========================================  ==========================================
+complete / causal graph (or batched), or a  ``"sdpa"``: the dense fused kernel of
+window filling > 1/4 of the matrix; no      :func:`torch.nn.functional.scaled_dot_product_attention`
+edge score or value bias
+inside ``torch.compile``                    ``"mp"``: the compiled kernels are not traced
+no compiled kernel for the device           ``"mp"`` (numba / triton not installed)
+anything else (dropout and edge             ``"fused"``: the sparse kernel over the CSR
+features included)
+=========================================  ==========================================
+
+An explicit backend is taken as asked, or refused with a ``ValueError`` that
+says why (``"sdpa"`` needs a structured square graph and no edge biases).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple
+
+import torch
+
+from .. import kernels
+from ..checks import check_choice
+from ..graphs import AttentionGraph
+
+__all__ = ["BACKENDS", "BackendChoice", "backend_for", "check_backend"]
+
+BACKENDS = ("auto", "mp", "sdpa", "fused")
+
+# Above this many edges the message-passing path's |E| x C tensors cost
+# gigabytes and seconds: "auto" says so when it has to take it.
+_WARN_EDGES = 1_000_000
+
+
+class BackendChoice(NamedTuple):
+    """The backend of one call and the reason it was taken.
+
+    Example:
+        >>> from gnnattn import AttentionGraph, backend_for
+        >>> backend_for(torch.zeros(4, 1, 8), AttentionGraph.causal(4))
+        BackendChoice(backend='sdpa', reason='causal graph: the dense SDPA kernel')
+    """
+
+    backend: str
+    reason: str
+
+
+def check_backend(backend: str) -> str:
+    """``backend`` after checking it is one of :data:`BACKENDS`."""
+    hint = (
+        " (the SDPA backend is called 'sdpa'; the dense *reference* functions live in "
+        "gnnattn.dense)"
+        if backend == "dense"
+        else ""
+    )
+    check_choice(backend, "backend", BACKENDS, hint)
+    return backend
+
+
+def _sdpa_refusal(graph: AttentionGraph, has_bias: bool) -> str | None:
+    """Why SDPA cannot run this call, or ``None`` when it can."""
+    if graph.is_bipartite:
+        return "it does not do cross-attention (a pair (x_src, x_dst) or a bipartite graph)"
+    if has_bias:
+        return "it takes no per-edge score or value biases (edge features)"
+    if graph.structure is None:
+        return (
+            "it needs a graph of known structure (complete, causal, their batched versions "
+            "or a sliding window); this edge set has none"
+        )
+    return None
+
+
+def backend_for(
+    q: torch.Tensor,
+    graph: AttentionGraph,
+    *,
+    backend: str = "auto",
+    score_bias: bool = False,
+    value_bias: bool = False,
+    dropout_p: float = 0.0,
+) -> BackendChoice:
+    """The backend :func:`gnnattn.attention` takes for these arguments, and why.
+
+    Args:
+        q (Tensor): the queries (only their device matters).
+        graph (AttentionGraph): the graph of the call.
+        backend (str, optional): as passed to the call. (default: ``"auto"``)
+        score_bias (bool, optional): the call has a score bias. (default: :obj:`False`)
+        value_bias (bool, optional): the call has a value bias. (default: :obj:`False`)
+        dropout_p (float, optional): attention dropout of the call; every
+            backend has it. (default: ``0.0``)
+
+    Raises:
+        ValueError: ``backend="sdpa"`` where SDPA cannot compute the call.
+    """
+    check_backend(backend)
+    has_bias = score_bias or value_bias
+    if backend == "sdpa":
+        why = _sdpa_refusal(graph, has_bias)
+        if why is not None:
+            raise ValueError(f"backend='sdpa' cannot run this call: {why}. Use 'fused' or 'mp'.")
+        return BackendChoice("sdpa", "asked for")
+    if backend != "auto":
+        return BackendChoice(backend, "asked for")
+    s = graph.structure if not (has_bias or graph.is_bipartite) else None
+    if s is not None and (s.kind in ("complete", "causal") or graph.density > 0.25):
+        return BackendChoice("sdpa", f"{s.kind.replace('_', ' ')} graph: the dense SDPA kernel")
+    if torch.compiler.is_compiling():
+        choice = BackendChoice("mp", "inside torch.compile, which cannot trace the fused kernels")
+    elif kernels.get(q.device) is kernels.reference:
+        choice = BackendChoice(
+            "mp", f"no compiled kernel for {q.device.type} (numba or triton is not installed)"
+        )
+    else:
+        return BackendChoice("fused", f"sparse graph: the fused {q.device.type} kernel")
+    if graph.num_edges > _WARN_EDGES and not torch.compiler.is_compiling():
+        warnings.warn(
+            f"gnnattn.attention: backend='auto' takes the message-passing path for a graph of "
+            f"more than {_WARN_EDGES:,} edges ({choice.reason}); it materialises |E| x C "
+            f"tensors. See gnnattn.backend_for.",
+            stacklevel=3,
+        )
+    return choice

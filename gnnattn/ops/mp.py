@@ -1,0 +1,114 @@
+r"""The ``"mp"`` backend: attention as PyG message passing, the reference.
+
+.. math::
+    s_{ij} = \text{scale}\; q_i \cdot k_j + b_{ij}, \qquad
+    \alpha_{ij} = \operatorname{softmax}_{j \in \mathcal{N}(i)} s_{ij}, \qquad
+    o_i = \sum_{j \in \mathcal{N}(i)} \alpha_{ij} m_{ij} \,(v_j + e_{ij})
+
+with the dropout factor :math:`m_{ij}` (0, or :math:`1/(1-p)` where the
+stream keeps the edge) and the value bias :math:`e_{ij}`. Every other backend
+is tested equal to this one. It materialises ``|E| x C`` tensors (the gathered
+keys, values and messages), as PyG's ``TransformerConv`` does.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch_geometric.nn import MessagePassing
+
+from ..graphs import AttentionGraph
+from ..kernels import reference
+from ..kernels.common import Dropout, dropout_keep
+from ..softmax import segment_softmax
+
+__all__ = ["MessagePassingAttention", "dropout_mask", "mp_attention"]
+
+
+class MessagePassingAttention(MessagePassing):
+    """Scores on the edges (:meth:`edge_update`), weighted messages (:meth:`message`).
+
+    Has no parameters; the operator keeps one per graph (in the graph's
+    :meth:`~gnnattn.AttentionGraph.derived` cache), as building a
+    ``MessagePassing`` inspects its signatures.
+    """
+
+    # The arguments of edge_updater / propagate, declared: PyG otherwise reads
+    # them from the calls in the class's forward, and this class has none.
+    edge_updater_type = {
+        "query": Tensor,
+        "key": Tensor,
+        "score_bias": Optional[Tensor],  # noqa: UP045 - PyG reads these hints at runtime
+        "scale": float,
+    }
+    propagate_type = {"value": Tensor, "alpha": Tensor, "value_bias": Optional[Tensor]}  # noqa: UP045
+
+    def __init__(self) -> None:
+        super().__init__(aggr="add", node_dim=0)
+
+    def edge_update(  # type: ignore[override]
+        self, query_i: Tensor, key_j: Tensor, score_bias: Tensor | None, scale: float
+    ) -> Tensor:
+        score = (query_i * key_j).sum(dim=-1) * scale  # (E, H)
+        return score + score_bias if score_bias is not None else score
+
+    def message(  # type: ignore[override]
+        self, value_j: Tensor, alpha: Tensor, value_bias: Tensor | None
+    ) -> Tensor:
+        if value_bias is not None:
+            value_j = value_j + value_bias  # (E, H, Cv)
+        return value_j * alpha.unsqueeze(-1)  # (E, H, Cv)
+
+
+def dropout_mask(graph: AttentionGraph, dropout: Dropout, num_heads: int) -> Tensor:
+    """The ``[|E|, H]`` kept mask of ``dropout``, in ``graph.edge_index`` order.
+
+    The stream is indexed by destination-CSR position (see
+    :mod:`gnnattn.kernels.common`), so every backend drops the same edges.
+    """
+    keep = dropout_keep(dropout, graph.num_edges, num_heads, graph.device)
+    perm = graph.csr.perm
+    if perm is None:
+        return keep
+    out = torch.empty_like(keep)
+    out[perm] = keep
+    return out
+
+
+def mp_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    graph: AttentionGraph,
+    scale: float,
+    *,
+    score_bias: Tensor | None = None,
+    value_bias: Tensor | None = None,
+    dropout: Dropout | None = None,
+    return_lse: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """The ``"mp"`` backend: ``(out [N, H, Cv], lse [N, H] or None, alpha [|E|, H])``.
+
+    ``alpha`` are the weights before dropout, in ``graph.edge_index`` order.
+    """
+    mp = graph.derived("message_passing", MessagePassingAttention)
+    edge_index = graph.edge_index
+    size = (k.shape[0], q.shape[0])
+    score = mp.edge_updater(
+        edge_index, query=q, key=k, score_bias=score_bias, scale=scale, size=size
+    )  # (E, H)
+    n = q.shape[0]
+    index = edge_index[1]
+    # Edges in target order (the builders' and PyG's sorted order): the CSR
+    # pointers are the graph's, and the compiled segment softmax can run.
+    ptr = graph.csr.ptr if graph.csr.perm is None else None
+    alpha = segment_softmax(score, index, n, ptr=ptr)  # (E, H)
+    lse = reference.segment_logsumexp(score, index, n) if return_lse else None
+    kept = alpha
+    if dropout is not None:
+        factor = dropout_mask(graph, dropout, q.shape[1]).to(alpha.dtype) * dropout.scale
+        kept = alpha * factor  # (E, H)
+    out = mp.propagate(edge_index, value=v, alpha=kept, value_bias=value_bias, size=size)
+    return out, lse, alpha

@@ -1,0 +1,199 @@
+r"""The attention operator: one function that every layer, the comparison and the bench call.
+
+.. math::
+    \alpha_{ij}^h = \operatorname{softmax}_{j \in \mathcal{N}(i)}
+        \left(\text{scale}\,\langle q_i^h, k_j^h\rangle + b_{ij}^h\right),
+    \qquad o_i^h = \sum_{j \in \mathcal{N}(i)} \alpha_{ij}^h\, m_{ij}^h
+        \left(v_j^h + e_{ij}^h\right)
+
+over the incoming edges :math:`j \to i` of each target of an
+:class:`~gnnattn.AttentionGraph` (the shape of FlexAttention's
+``flex_attention(q, k, v, score_mod, block_mask)``, with the graph object in
+the block mask's place). :math:`b` is the optional score bias, :math:`e` the
+optional value bias, :math:`m` the dropout factor. The backends are in
+:mod:`gnnattn.ops.mp` (the reference), :mod:`gnnattn.ops.sdpa` and
+:mod:`gnnattn.ops.fused`; :func:`gnnattn.backend_for` chooses among them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from torch import Tensor
+
+from .. import kernels
+from ..checks import check_float, check_tensor
+from ..graphs import AttentionGraph, segment_ids
+from ..kernels.common import draw_dropout
+from .choice import backend_for
+from .fused import fused_attention
+from .mp import mp_attention
+from .sdpa import sdpa_attention
+
+__all__ = ["AttentionOutput", "attention"]
+
+
+class AttentionOutput(NamedTuple):
+    """What :func:`attention` returns when asked for more than the output.
+
+    Attributes:
+        out: ``[N, H, Cv]``.
+        lse: ``[N, H]`` per-target log-sum-exp of the scores (before dropout;
+            ``-inf`` for a target without edges), or ``None``.
+        weights: ``[|E|, H]`` in ``graph.edge_index`` order (before dropout),
+            or ``None``.
+        backend: the backend that ran.
+    """
+
+    out: Tensor
+    lse: Tensor | None
+    weights: Tensor | None
+    backend: str
+
+
+def _check(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    graph: AttentionGraph,
+    score_bias: Tensor | None,
+    value_bias: Tensor | None,
+) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(t, name)
+        if t.dim() != 3:
+            raise ValueError(f"Expected '{name}' of shape [N, H, C], got {list(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"Expected '{name}' of a floating dtype, got {t.dtype}")
+        if t.device != q.device or t.dtype != q.dtype:
+            raise ValueError(
+                f"Expected 'q', 'k', 'v' of one device and dtype, got {q.device}/{q.dtype} "
+                f"and {t.device}/{t.dtype} for '{name}'"
+            )
+    if q.shape[1:] != k.shape[1:] or k.shape[:2] != v.shape[:2]:
+        raise ValueError(
+            f"Expected 'q' [N, H, C], 'k' [M, H, C] and 'v' [M, H, Cv], got "
+            f"{list(q.shape)}, {list(k.shape)} and {list(v.shape)}"
+        )
+    if not isinstance(graph, AttentionGraph):
+        raise TypeError(
+            f"Expected 'graph' to be an AttentionGraph, got {type(graph).__name__} "
+            f"(build one once: AttentionGraph(edge_index))"
+        )
+    graph.check_nodes(k.shape[0], q.shape[0], q.device)
+    e, h, cv = graph.num_edges, q.shape[1], v.shape[2]
+    for name, t, shape in (
+        ("score_bias", score_bias, (e, h)),
+        ("value_bias", value_bias, (e, h, cv)),
+    ):
+        if t is None:
+            continue
+        check_tensor(t, name)
+        if tuple(t.shape) != shape:
+            raise ValueError(
+                f"Expected '{name}' of shape {list(shape)} (one row per edge of the graph), "
+                f"got {list(t.shape)}"
+            )
+        if not t.is_floating_point() or t.device != q.device:
+            raise TypeError(
+                f"Expected '{name}' floating and on {q.device}, got {t.dtype} on {t.device}"
+            )
+
+
+def _edge_lse(q: Tensor, k: Tensor, graph: AttentionGraph, scale: float) -> Tensor:
+    """The per-target log-sum-exp of the scores, through the edges (``|E| x H``)."""
+    csr, ref = graph.csr, kernels.reference
+    s = ref.attention_scores(q, k, csr.ptr, csr.col, scale)
+    return ref.segment_logsumexp(s, segment_ids(csr.ptr, csr.col.numel()), graph.num_dst)
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    graph: AttentionGraph,
+    *,
+    scale: float | None = None,
+    score_bias: Tensor | None = None,
+    value_bias: Tensor | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    return_lse: bool = False,
+    need_weights: bool = False,
+) -> Tensor | AttentionOutput:
+    r"""Attention of ``q`` over ``k``, ``v`` along the edges of ``graph``.
+
+    Args:
+        q (Tensor): ``[N, H, C]`` queries of the targets.
+        k (Tensor): ``[M, H, C]`` keys of the sources.
+        v (Tensor): ``[M, H, Cv]`` values of the sources.
+        graph (AttentionGraph): the edges :math:`j \to i`, built once.
+        scale (float, optional): multiplies :math:`q \cdot k`; default
+            :math:`1/\sqrt{C}`. (default: :obj:`None`)
+        score_bias (Tensor, optional): ``[|E|, H]`` added to the scores, in
+            ``graph.edge_index`` order. (default: :obj:`None`)
+        value_bias (Tensor, optional): ``[|E|, H, Cv]`` added to the source's
+            value on each edge. (default: :obj:`None`)
+        dropout_p (float, optional): attention dropout: a weight is zeroed
+            with this probability and the others scaled by
+            :math:`1/(1-p)`; the mask comes from a counter-based stream keyed
+            from torch's generator, so ``torch.manual_seed`` fixes it and
+            ``"mp"`` and ``"fused"`` draw the same one (``"sdpa"`` uses
+            SDPA's own). Pass ``0`` in evaluation. (default: ``0.0``)
+        backend (str, optional): ``"auto"``, ``"mp"``, ``"sdpa"`` or
+            ``"fused"``; see :func:`gnnattn.backend_for`. (default: ``"auto"``)
+        return_lse (bool, optional): also return the per-target log-sum-exp.
+            (default: :obj:`False`)
+        need_weights (bool, optional): also return the weights.
+            (default: :obj:`False`)
+
+    Returns:
+        ``out`` ``[N, H, Cv]``, or an :class:`AttentionOutput` when
+        ``return_lse`` or ``need_weights``.
+
+    Shapes:
+        - **q:** ``[N, H, C]``; **k:** ``[M, H, C]``; **v:** ``[M, H, Cv]``
+        - **output:** ``[N, H, Cv]``; lse ``[N, H]``; weights ``[|E|, H]``
+
+    Example:
+        >>> from gnnattn import AttentionGraph, attention
+        >>> q = k = v = torch.randn(5, 2, 4)
+        >>> attention(q, k, v, AttentionGraph.causal(5)).shape
+        torch.Size([5, 2, 4])
+        >>> res = attention(q, k, v, AttentionGraph.causal(5), backend="fused", return_lse=True)
+        >>> res.backend, res.lse.shape
+        ('fused', torch.Size([5, 2]))
+    """
+    _check(q, k, v, graph, score_bias, value_bias)
+    p = check_float(dropout_p, "dropout_p", lo=0.0, hi=1.0)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_float(scale, "scale")
+    choice = backend_for(
+        q,
+        graph,
+        backend=backend,
+        score_bias=score_bias is not None,
+        value_bias=value_bias is not None,
+        dropout_p=p,
+    )
+    name = choice.backend
+    weights: Tensor | None = None
+    lse: Tensor | None = None
+    if name == "sdpa":
+        out, weights = sdpa_attention(q, k, v, graph, scale, dropout_p=p, need_weights=need_weights)
+        if return_lse:
+            lse = _edge_lse(q, k, graph, scale)
+    else:
+        dropout = draw_dropout(p) if p > 0 else None
+        kw = dict(score_bias=score_bias, value_bias=value_bias, dropout=dropout)
+        if name == "fused":
+            out, lse, weights = fused_attention(
+                q, k, v, graph, scale, need_weights=need_weights, **kw
+            )
+        else:
+            out, lse, weights = mp_attention(q, k, v, graph, scale, return_lse=return_lse, **kw)
+    if not (return_lse or need_weights):
+        return out
+    return AttentionOutput(
+        out, lse if return_lse else None, weights if need_weights else None, name
+    )
