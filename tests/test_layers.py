@@ -16,7 +16,6 @@ from gnnattn import (
     sliding_window_graph,
 )
 from gnnattn.graphs import Structure
-from gnnattn.ops import resolve_backend
 
 TOL = 1e-10  # float64 throughout: only summation order differs between paths.
 N = 9
@@ -188,7 +187,8 @@ def test_dropout_applies_in_training_only():
     assert torch.equal(layer(x), layer(x))
     layer.train()
     layer_graph = AttentionGraph(random_sparse(6, 10), 6)
-    assert resolve_backend("auto", layer_graph, x.device, dropout_active=True) == "mp"
+    # Attention dropout runs on the fused kernels (it used to need "mp").
+    assert layer.backend_for(x, layer_graph).backend == "fused"
     assert layer_graph.structure is None
     torch.manual_seed(0)
     a = layer(x, random_sparse(6, 20))

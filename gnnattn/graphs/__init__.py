@@ -8,7 +8,9 @@ layers only ask the :class:`AttentionGraph` they are given.
 * :mod:`.validate`: checks of ``edge_index`` and ``batch``;
 * :mod:`.csr`: the destination CSR and the transposed CSR;
 * :mod:`.structure`: complete / causal / window detection;
+* :mod:`.inputs`: the edge-set forms a graph is built from;
 * :mod:`.graph`: :class:`AttentionGraph`, held by the caller;
+* :mod:`.resolve`: :func:`as_graph`, the graph of a layer call;
 * :mod:`.reorder`: node orders that keep neighbours close in memory.
 """
 
@@ -23,8 +25,9 @@ from .builders import (
     structured_edge_index,
 )
 from .csr import CSC, CSR, is_sorted_by_target, segment_ids, sort_by_target, to_csr, transpose_csr
-from .graph import AttentionGraph, GraphLike, as_graph
+from .graph import AttentionGraph
 from .reorder import Reordering, permute, reorder
+from .resolve import GraphLike, as_graph
 from .structure import KINDS, Structure, detect_structure
 from .validate import check_batch, check_edge_index, check_edge_index_static
 

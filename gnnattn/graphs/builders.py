@@ -16,6 +16,9 @@ graph (its structure, its CSR), wrap it in :class:`gnnattn.AttentionGraph`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -23,6 +26,7 @@ from ..checks import check_int, check_tensor
 from .validate import check_batch, check_edge_index
 
 __all__ = [
+    "resolve_lengths",
     "causal_graph",
     "complete_bipartite_graph",
     "complete_graph",
@@ -322,3 +326,33 @@ def structured_edge_index(
     if not blocks:
         return torch.zeros(2, 0, dtype=torch.long, device=device)
     return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)
+
+
+def resolve_lengths(
+    num_nodes: int | None, batch: Tensor | None, lengths: Sequence[int] | None = None
+) -> tuple[tuple[int, ...], Any]:
+    """The sequence lengths from exactly one of ``num_nodes``, ``batch``, ``lengths``."""
+    if lengths is not None:
+        if batch is not None:
+            raise ValueError("Expected 'lengths' or 'batch', got both")
+        if isinstance(lengths, Tensor) or not isinstance(lengths, (list, tuple)):
+            raise TypeError(
+                f"Expected 'lengths' to be a list or tuple of ints, got "
+                f"{type(lengths).__name__} (pass tensor.tolist() to make the host copy "
+                f"explicit)"
+            )
+        for t in lengths:
+            check_int(t, "lengths[i]", min=1)
+        total = sum(lengths)
+        if num_nodes is not None and num_nodes != total:
+            raise ValueError(
+                f"Expected 'num_nodes' equal to sum(lengths) = {total}, got {num_nodes}"
+            )
+        return tuple(int(t) for t in lengths), None
+    if batch is None:
+        if num_nodes is None:
+            raise ValueError("Expected 'num_nodes' or 'batch', got neither")
+        check_int(num_nodes, "num_nodes")
+        return ((num_nodes,) if num_nodes else ()), None
+    b = check_batch(batch, num_nodes)
+    return tuple(sequence_lengths(b)), b.device

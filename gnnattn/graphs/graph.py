@@ -35,13 +35,13 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from ..checks import check_int, check_tensor
-from .builders import sequence_lengths, structured_edge_index
+from ..checks import check_int
+from .builders import resolve_lengths, structured_edge_index
 from .csr import CSC, CSR, segment_ids, to_csr, transpose_csr
+from .inputs import normalize
 from .structure import Structure, detect_structure
-from .validate import check_batch, check_edge_index, check_edge_index_static
 
-__all__ = ["AttentionGraph", "GraphLike", "as_graph"]
+__all__ = ["AttentionGraph"]
 
 _T = TypeVar("_T")
 
@@ -70,14 +70,6 @@ def _canonical(device: torch.device | str | None) -> torch.device:
     if dev.type == "cpu":
         return torch.device("cpu")
     return dev
-
-
-def _plain(edge_index: Tensor) -> Tensor:
-    """A ``torch_geometric.EdgeIndex`` (a Tensor subclass) as a plain tensor."""
-    as_tensor = getattr(edge_index, "as_tensor", None)
-    if type(edge_index) is not Tensor and callable(as_tensor):
-        return as_tensor()
-    return edge_index
 
 
 class AttentionGraph:
@@ -144,7 +136,7 @@ class AttentionGraph:
     ) -> None:
         check_int(num_nodes, "num_nodes", optional=True)
         check_int(num_src, "num_src", optional=True)
-        ei, n_dst, n_src, csr = self._normalize(edge_index, num_nodes, num_src)
+        ei, n_dst, n_src, csr = normalize(edge_index, num_nodes, num_src)
         if causal and n_src is not None:
             raise ValueError(
                 "Expected a square graph with causal=True (causal order relates tokens of one "
@@ -190,94 +182,6 @@ class AttentionGraph:
         self._parent: AttentionGraph | None = None
         self._bipartite_complete = False
 
-    @staticmethod
-    def _normalize(
-        edge_index: Any, num_nodes: int | None, num_src: int | None
-    ) -> tuple[Tensor | None, int, int | None, CSR | None]:
-        """``(edge_index [2, E] int64, num_dst, num_src, csr)`` from any accepted input
-        (``edge_index`` is ``None`` for a CSR adjacency: the CSR is the graph)."""
-        check_tensor(edge_index, "edge_index")
-        csr: CSR | None = None
-        if edge_index.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc):
-            return AttentionGraph._from_sparse(edge_index, num_nodes, num_src)
-        sizes = getattr(edge_index, "sparse_size", None)
-        edge_index = _plain(edge_index)
-        if callable(sizes):  # torch_geometric.EdgeIndex: (num_rows, num_cols) = (M, N)
-            m, n = sizes()
-            for name, given, known in (("num_src", num_src, m), ("num_nodes", num_nodes, n)):
-                if given is not None and known is not None and given != known:
-                    raise ValueError(
-                        f"Expected '{name}' equal to the EdgeIndex's sparse_size ({known}), "
-                        f"got {given}"
-                    )
-            num_nodes = num_nodes if num_nodes is not None else n
-            if num_src is None and m is not None and m != num_nodes:
-                num_src = m  # a rectangular EdgeIndex is a bipartite graph
-        ei = check_edge_index_static(edge_index)
-        if torch.compiler.is_compiling():
-            if num_nodes is None:
-                raise ValueError("Expected 'num_nodes' when building a graph under torch.compile")
-        else:
-            if num_nodes is None:
-                # Targets are row 1; for a bipartite graph row 0 counts sources.
-                rows = ei[1] if num_src is not None else ei
-                num_nodes = int(rows.max()) + 1 if ei.numel() else 0
-            check_edge_index(ei, num_src if num_src is not None else num_nodes, num_nodes)
-            if ei.is_inference() or ei.dtype != torch.long:
-                # Made outside inference mode, so that autograd can save it
-                # later (PyG's gathers do): a copy of an inference tensor, or
-                # the int64 version of an int32 one. Once, here.
-                with torch.inference_mode(False):
-                    ei = ei.to(torch.long, copy=ei.is_inference())
-                return ei, num_nodes, num_src, csr
-        return ei.long(), num_nodes, num_src, csr
-
-    @staticmethod
-    def _from_sparse(
-        adj_t: Tensor, num_nodes: int | None, num_src: int | None
-    ) -> tuple[Tensor | None, int, int | None, CSR | None]:
-        if adj_t.dim() != 2:
-            raise ValueError(
-                f"Expected a sparse 'edge_index' adjacency of shape [N_dst, N_src] (PyG's "
-                f"adj_t: row = target, column = source), got {list(adj_t.shape)}"
-            )
-        n, m = int(adj_t.shape[0]), int(adj_t.shape[1])
-        for name, given, known in (("num_nodes", num_nodes, n), ("num_src", num_src, m)):
-            if given is not None and given != known:
-                raise ValueError(
-                    f"Expected '{name}' equal to the adjacency's size {known} "
-                    f"(adj_t is [N_dst, N_src]), got {given}"
-                )
-        if num_src is None and m != n:
-            raise ValueError(
-                f"Expected a square adjacency, got [{n}, {m}]; for cross-attention call the "
-                f"layer on a pair (x_src, x_dst), or pass num_src={m} to AttentionGraph"
-            )
-        coo_idx = None
-        if adj_t.layout == torch.sparse_coo:
-            # Sorted by row (target), then column, duplicates merged. An
-            # inference tensor can only be coalesced in inference mode; the
-            # stack below copies its indices out as an ordinary tensor.
-            with torch.inference_mode(adj_t.is_inference()):
-                coo_idx = adj_t.coalesce().indices()
-        with torch.inference_mode(False):
-            csr: CSR | None = None
-            if coo_idx is not None:
-                ei = torch.stack([coo_idx[1], coo_idx[0]])
-            elif adj_t.layout == torch.sparse_csr:
-                # Kept as given (int32 stays int32 on the CPU, whose kernels
-                # take it): no [2, E] int64 copy unless someone asks for
-                # graph.edge_index (at 32M edges that copy is 512 MB).
-                col = adj_t.col_indices()
-                if col.device.type != "cpu" or col.dtype != torch.int32:
-                    col = col.long()
-                csr = CSR(adj_t.crow_indices().long(), col, None)
-                ei = None
-            else:  # sparse_csc: grouped by column (source)
-                cptr, row = adj_t.ccol_indices().long(), adj_t.row_indices().long()
-                ei = torch.stack([segment_ids(cptr, row.numel()), row])
-        return ei, n, (m if num_src is not None else None), csr
-
     @classmethod
     def _structured(
         cls,
@@ -290,36 +194,6 @@ class AttentionGraph:
         n = sum(lengths)
         g._init(None, n, n, False, Structure(kind, lengths, window), torch.device(device or "cpu"))
         return g
-
-    @staticmethod
-    def _lengths(
-        num_nodes: int | None, batch: Tensor | None, lengths: Sequence[int] | None = None
-    ) -> tuple[tuple[int, ...], Any]:
-        """The sequence lengths from exactly one of ``num_nodes``, ``batch``, ``lengths``."""
-        if lengths is not None:
-            if batch is not None:
-                raise ValueError("Expected 'lengths' or 'batch', got both")
-            if isinstance(lengths, Tensor) or not isinstance(lengths, (list, tuple)):
-                raise TypeError(
-                    f"Expected 'lengths' to be a list or tuple of ints, got "
-                    f"{type(lengths).__name__} (pass tensor.tolist() to make the host copy "
-                    f"explicit)"
-                )
-            for t in lengths:
-                check_int(t, "lengths[i]", min=1)
-            total = sum(lengths)
-            if num_nodes is not None and num_nodes != total:
-                raise ValueError(
-                    f"Expected 'num_nodes' equal to sum(lengths) = {total}, got {num_nodes}"
-                )
-            return tuple(int(t) for t in lengths), None
-        if batch is None:
-            if num_nodes is None:
-                raise ValueError("Expected 'num_nodes' or 'batch', got neither")
-            check_int(num_nodes, "num_nodes")
-            return ((num_nodes,) if num_nodes else ()), None
-        b = check_batch(batch, num_nodes)
-        return tuple(sequence_lengths(b)), b.device
 
     @classmethod
     def complete(
@@ -339,7 +213,7 @@ class AttentionGraph:
             >>> AttentionGraph.complete(lengths=[2, 1]).num_edges
             5
         """
-        lengths, dev = cls._lengths(num_nodes, batch, lengths)
+        lengths, dev = resolve_lengths(num_nodes, batch, lengths)
         return cls._structured("complete", lengths, device=device or dev)
 
     @classmethod
@@ -358,7 +232,7 @@ class AttentionGraph:
             >>> AttentionGraph.causal(lengths=[3, 2]).num_edges
             9
         """
-        lengths, dev = cls._lengths(num_nodes, batch, lengths)
+        lengths, dev = resolve_lengths(num_nodes, batch, lengths)
         return cls._structured("causal", lengths, device=device or dev)
 
     @classmethod
@@ -378,7 +252,7 @@ class AttentionGraph:
         graph, and is marked as such.
         """
         check_int(window, "window")
-        lengths, dev = cls._lengths(num_nodes, batch, lengths)
+        lengths, dev = resolve_lengths(num_nodes, batch, lengths)
         if lengths and window >= max(lengths) - 1:
             return cls._structured(
                 "causal" if causal else "complete", lengths, device=device or dev
@@ -722,85 +596,3 @@ class AttentionGraph:
         struct = f", structure={self._structure!r}" if self._structure is not None else ""
         causal = ", causal=True" if self._is_causal and self._structure is None else ""
         return f"AttentionGraph({size}, num_edges={self.num_edges}{struct}{causal})"
-
-
-#: What layers accept as a graph.
-GraphLike = AttentionGraph | Tensor
-
-
-def _own_sizes(edge_index: Tensor) -> tuple[int, int] | None:
-    """``(num_src, num_dst)`` a sparse adjacency or ``EdgeIndex`` carries, if known."""
-    if edge_index.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc):
-        if edge_index.dim() == 2:
-            return int(edge_index.shape[1]), int(edge_index.shape[0])
-        return None
-    sizes = getattr(edge_index, "sparse_size", None)
-    if callable(sizes):
-        m, n = sizes()
-        if m is not None and n is not None:
-            return int(m), int(n)
-    return None
-
-
-def as_graph(
-    graph: GraphLike | None,
-    *,
-    num_src: int,
-    num_dst: int,
-    device: torch.device,
-    batch: Tensor | None = None,
-    causal: bool = False,
-    bipartite: bool = False,
-) -> AttentionGraph:
-    """The graph a layer attends over, from its call arguments.
-
-    ``graph`` may be an :class:`AttentionGraph` (checked against ``x``, used as
-    is; with ``causal`` its :meth:`~AttentionGraph.causal_view`), any edge set
-    :class:`AttentionGraph` takes (wrapped afresh: validated, pruned, analysed
-    on this call only), or ``None``: the complete (``causal``: causal) graph,
-    one per sequence of ``batch``, or the complete bipartite graph.
-    """
-    if graph is not None and batch is not None:
-        raise ValueError(
-            "Expected either 'edge_index' or 'batch', got both: 'batch' builds one complete "
-            "(or causal) graph per sequence, 'edge_index' gives the graph itself"
-        )
-    if bipartite and causal:
-        raise ValueError(
-            "Expected a single 'x' with causal=True (causal order relates tokens of one "
-            "sequence), got a pair (x_src, x_dst); give the cross-attention graph as "
-            "edge_index instead"
-        )
-    if bipartite and batch is not None:
-        raise ValueError(
-            "Expected no 'batch' with a pair (x_src, x_dst): 'batch' builds square graphs; "
-            "pass the cross-attention graph as 'edge_index'"
-        )
-    if graph is None:
-        if bipartite:
-            return AttentionGraph.bipartite(num_src, num_dst, device=device)
-        if batch is not None:
-            # Validated once (one pass and one sync), then only its lengths are kept.
-            lengths = sequence_lengths(check_batch(batch, num_dst, device=device))
-            build = AttentionGraph.causal if causal else AttentionGraph.complete
-            return build(lengths=list(lengths), device=device)
-        build = AttentionGraph.causal if causal else AttentionGraph.complete
-        return build(num_dst, device=device)
-    if not isinstance(graph, AttentionGraph):
-        t = check_tensor(graph, "edge_index")
-        if t.layout == torch.strided and not torch.compiler.is_compiling():
-            check_edge_index_static(t, device=device)
-        elif t.device != device:
-            raise ValueError(
-                f"Expected 'edge_index' on device {device} (the device of x), got {t.device}"
-            )
-        sizes = _own_sizes(t)
-        if sizes is not None:
-            # An adjacency or EdgeIndex knows its sizes: built with them, then
-            # checked against x below, so that the message is about x.
-            graph = AttentionGraph(t, num_src=sizes[0] if bipartite else None, causal=causal)
-        else:
-            src = num_src if bipartite else None
-            graph = AttentionGraph(t, num_dst, num_src=src, causal=causal)
-    graph.check_nodes(num_src, num_dst, device)
-    return graph.causal_view() if causal else graph

@@ -1,16 +1,22 @@
 """Compiled kernels and their pure-torch references.
 
-Every kernel implements one function of :mod:`gnnattn.kernels.reference` with
-the same signature and results:
+Every kernel module implements the functions of
+:mod:`gnnattn.kernels.reference` with the same signatures and results:
 
-* ``segment_softmax_fwd(src, ptr)`` / ``segment_softmax_bwd(y, grad, ptr)``
-* ``attention_fwd(q, k, v, ptr, col, scale, bias=None) -> (out, lse)``
-* ``attention_bwd(q, k, v, out, lse, grad_out, ptr, col, scale, bias=None)
-  -> (dq, dk, dv, dbias)``
+* ``plan(ptr, col, num_cols)``: check a CSR once and make its work split;
+  the result is passed back as ``plan=`` (the graph object keeps it);
+* ``segment_softmax_fwd(src, ptr)`` / ``segment_softmax_bwd(y, grad, ptr)``;
+* ``attention_fwd(q, k, v, ptr, col, scale, bias=None, *, value_bias=None,
+  dropout=None, plan=None) -> (out, lse)``;
+* ``attention_bwd(q, k, v, out, lse, grad_out, ptr, col, scale, bias=None, *,
+  value_bias=None, dropout=None, csc=None, plan=None, csc_plan=None)
+  -> (dq, dk, dv, dbias, dvalue_bias)``.
 
-:mod:`gnnattn.kernels.cpu` compiles them with numba, the ``triton_*`` modules
-with Triton for CUDA. Those modules are imported lazily, by :func:`get`, so that
-importing gnnattn never compiles anything and works without numba or triton.
+:mod:`gnnattn.kernels.common` holds the rules they share (accumulation dtype,
+index checks, the dropout stream). :mod:`gnnattn.kernels.cpu` compiles them
+with numba, the ``triton_*`` modules with Triton for CUDA. Those modules are
+imported lazily, by :func:`get`, so that importing gnnattn never compiles
+anything and works without numba or triton.
 """
 
 from __future__ import annotations

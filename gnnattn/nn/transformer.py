@@ -10,7 +10,8 @@ graph), the feed-forward stays per node.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,9 @@ from .conv import SelfAttentionConv
 
 __all__ = ["GraphTransformer", "GraphTransformerLayer"]
 
-_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
+_ACTIVATIONS: Mapping[str, Callable[[Tensor], Tensor]] = MappingProxyType(
+    {"relu": F.relu, "gelu": F.gelu}
+)
 
 
 def _activation(activation: str | Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:

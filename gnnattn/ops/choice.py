@@ -64,12 +64,12 @@ def check_backend(backend: str) -> str:
 def _sdpa_refusal(graph: AttentionGraph, has_bias: bool) -> str | None:
     """Why SDPA cannot run this call, or ``None`` when it can."""
     if graph.is_bipartite:
-        return "it does not do cross-attention (a pair (x_src, x_dst) or a bipartite graph)"
+        return "does not do cross-attention (a pair (x_src, x_dst) or a bipartite graph)"
     if has_bias:
-        return "it takes no per-edge score or value biases (edge features)"
+        return "does not take per-edge score biases or value biases (edge features)"
     if graph.structure is None:
         return (
-            "it needs a graph of known structure (complete, causal, their batched versions "
+            "needs a graph of known structure (complete, causal, their batched versions "
             "or a sliding window); this edge set has none"
         )
     return None
@@ -103,7 +103,7 @@ def backend_for(
     if backend == "sdpa":
         why = _sdpa_refusal(graph, has_bias)
         if why is not None:
-            raise ValueError(f"backend='sdpa' cannot run this call: {why}. Use 'fused' or 'mp'.")
+            raise ValueError(f"backend='sdpa' {why}. Use 'fused' or 'mp' (or 'auto').")
         return BackendChoice("sdpa", "asked for")
     if backend != "auto":
         return BackendChoice(backend, "asked for")

@@ -1,0 +1,311 @@
+"""The attention operator: every backend equal to dense attention, with every option.
+
+Dense references are computed here from the definition (a ``[H, N, M]`` score
+matrix with ``-inf`` where there is no edge), in float64, so agreement to
+1e-10 says the backends compute the same function, not that they share code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import pkgutil
+import threading
+import types
+import warnings
+
+import pytest
+import torch
+
+import gnnattn
+from gnnattn import AttentionGraph, attention, backend_for
+from gnnattn import kernels as kernels_pkg
+from gnnattn.kernels.common import Dropout, dropout_keep
+from gnnattn.ops import choice as choice_mod
+from gnnattn.ops import dropout_mask
+
+SPARSE_BACKENDS = ("mp", "fused")
+
+
+def _graph_without_duplicates(n: int, m: int, e: int, seed: int) -> torch.Tensor:
+    """A random bipartite edge set (no duplicates, so a dense matrix can hold it),
+    in shuffled order, with target 0 isolated."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = torch.randperm(n * m, generator=g)[:e]
+    src, dst = pairs % m, pairs // m
+    keep = dst != 0
+    return torch.stack([src[keep], dst[keep]])
+
+
+def _dense(q, k, v, edge_index, scale, score_bias=None, value_bias=None, keep=None, p=0.0):
+    """The definition, through ``[H, N, M]`` matrices (float64)."""
+    n, h, _ = q.shape
+    m, cv = k.shape[0], v.shape[2]
+    src, dst = edge_index
+    s = torch.einsum("nhc,mhc->hnm", q, k) * scale  # (H, N, M)
+    bias = torch.full((h, n, m), -math.inf, dtype=q.dtype)
+    bias[:, dst, src] = 0.0 if score_bias is None else score_bias.T
+    s = s + bias
+    has_edge = torch.isfinite(bias[0]).any(-1)  # (N,)
+    # A target without edges: its row is all -inf; softmax would give NaN
+    # (and NaN gradients), so take it over zeros and multiply by 0.
+    s = torch.where(has_edge.view(1, n, 1), s, torch.zeros_like(s))
+    lse = torch.where(has_edge.view(-1, 1), torch.logsumexp(s, dim=-1).T, -math.inf)  # (N, H)
+    p_mat = torch.softmax(s, dim=-1) * has_edge.view(1, n, 1)  # (H, N, M)
+    if keep is not None:
+        f = torch.zeros(h, n, m, dtype=q.dtype)
+        f[:, dst, src] = keep.T.to(q.dtype) / (1 - p)
+        p_mat = p_mat * f
+    out = torch.einsum("hnm,mhc->nhc", p_mat, v)
+    if value_bias is not None:
+        # sum_j P_ij vb_ij: the per-edge term, scattered onto the targets.
+        w = p_mat[:, dst, src].T  # (E, H)
+        out = out.index_add(0, dst, w.unsqueeze(-1) * value_bias)
+    weights = (torch.softmax(s, dim=-1) * has_edge.view(1, n, 1))[:, dst, src].T
+    assert out.shape == (n, h, cv)
+    return out, lse, weights
+
+
+def _inputs(n=9, m=7, h=2, c=3, cv=4, e=30, seed=0, dtype=torch.float64):
+    torch.manual_seed(seed)
+    ei = _graph_without_duplicates(n, m, e, seed)
+    q = torch.randn(n, h, c, dtype=dtype, requires_grad=True)
+    k = torch.randn(m, h, c, dtype=dtype, requires_grad=True)
+    v = torch.randn(m, h, cv, dtype=dtype, requires_grad=True)
+    sb = torch.randn(ei.shape[1], h, dtype=dtype, requires_grad=True)
+    vb = torch.randn(ei.shape[1], h, cv, dtype=dtype, requires_grad=True)
+    return ei, q, k, v, sb, vb
+
+
+@pytest.mark.parametrize("backend", SPARSE_BACKENDS)
+@pytest.mark.parametrize("options", ["none", "score_bias", "value_bias", "dropout", "all"])
+def test_sparse_backends_equal_dense(backend, options):
+    ei, q, k, v, sb, vb = _inputs()
+    graph = AttentionGraph(ei, q.shape[0], num_src=k.shape[0])
+    use_sb = sb if options in ("score_bias", "all") else None
+    use_vb = vb if options in ("value_bias", "all") else None
+    p = 0.3 if options in ("dropout", "all") else 0.0
+    torch.manual_seed(11)
+    res = attention(
+        q, k, v, graph, score_bias=use_sb, value_bias=use_vb, dropout_p=p, backend=backend,
+        return_lse=True, need_weights=True,
+    )  # fmt: skip
+    assert res.backend == backend
+    keep = None
+    if p:
+        # The mask the call drew: the same torch seed gives the same key.
+        torch.manual_seed(11)
+        key = gnnattn.kernels.common.draw_dropout(p)
+        keep = dropout_mask(graph, key, q.shape[1])
+    want_out, want_lse, want_w = _dense(q, k, v, ei, 3**-0.5, use_sb, use_vb, keep, p)
+    torch.testing.assert_close(res.out, want_out, atol=1e-10, rtol=0)
+    torch.testing.assert_close(res.lse, want_lse, atol=1e-10, rtol=0)
+    torch.testing.assert_close(res.weights, want_w, atol=1e-10, rtol=0)
+    leaves = [t for t in (q, k, v, use_sb, use_vb) if t is not None]
+    go = torch.randn_like(want_out)
+    got = torch.autograd.grad(res.out, leaves, go)
+    want = torch.autograd.grad(want_out, leaves, go)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["complete", "causal"])
+def test_every_backend_equal_dense_on_structured_graphs(kind):
+    torch.manual_seed(3)
+    n, h, c = 6, 2, 4
+    graph = AttentionGraph.complete(n) if kind == "complete" else AttentionGraph.causal(n)
+    q, k, v = (torch.randn(n, h, c, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    want_out, want_lse, _ = _dense(q, k, v, graph.edge_index, 0.5)
+    go = torch.randn_like(want_out)
+    want_grads = torch.autograd.grad(want_out, (q, k, v), go)
+    for backend in ("sdpa", "mp", "fused", "auto"):
+        res = attention(q, k, v, graph, backend=backend, return_lse=True)
+        torch.testing.assert_close(res.out, want_out, atol=1e-10, rtol=0)
+        torch.testing.assert_close(res.lse, want_lse, atol=1e-10, rtol=0)
+        grads = torch.autograd.grad(res.out, (q, k, v), go)
+        for a, b in zip(grads, want_grads, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+def test_dropout_same_mask_on_mp_and_fused_and_kept_fraction():
+    n, h = 400, 4
+    ei = torch.randint(0, n, (2, 6000), generator=torch.Generator().manual_seed(0))
+    graph = AttentionGraph(ei, n)
+    q, k, v = (torch.randn(n, h, 8, dtype=torch.float64) for _ in range(3))
+    outs = []
+    for backend in SPARSE_BACKENDS:
+        torch.manual_seed(123)
+        outs.append(attention(q, k, v, graph, dropout_p=0.25, backend=backend))
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-12, rtol=0)
+    # Another seed, another mask.
+    torch.manual_seed(124)
+    assert not torch.allclose(outs[0], attention(q, k, v, graph, dropout_p=0.25, backend="fused"))
+    # The kept fraction: binomial, within 6 standard deviations (a false
+    # alarm once in 10^9 runs).
+    for p in (0.1, 0.5):
+        keep = dropout_keep(Dropout(p, seed=2**40 + 7, offset=3), 6000, h, torch.device("cpu"))
+        trials = keep.numel()
+        sd = math.sqrt(trials * p * (1 - p))
+        assert abs(int(keep.sum()) - trials * (1 - p)) < 6 * sd
+
+
+@pytest.mark.parametrize("backend", SPARSE_BACKENDS)
+def test_gradcheck_with_a_fixed_dropout_mask(backend):
+    ei, q, k, v, sb, vb = _inputs(n=5, m=4, e=12, seed=2)
+    graph = AttentionGraph(ei, 5, num_src=4)
+
+    def fn(q, k, v, sb, vb):
+        torch.manual_seed(7)  # the same key, so the same mask, on every evaluation
+        return attention(q, k, v, graph, score_bias=sb, value_bias=vb, dropout_p=0.4,
+                         backend=backend)  # fmt: skip
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, sb, vb))
+
+
+def test_per_call_backend_override_and_threads():
+    torch.manual_seed(0)
+    layer = gnnattn.SelfAttentionConv(16, 4, edge_dim=3, edge_value=True).double().eval()
+    n = 40
+    ei = torch.randint(0, n, (2, 300))
+    graph = AttentionGraph(ei, n)
+    x = torch.randn(n, 16, dtype=torch.float64)
+    ea = torch.randn(300, 3, dtype=torch.float64)
+    want = {b: layer(x, graph, ea, backend=b) for b in SPARSE_BACKENDS}
+    torch.testing.assert_close(want["mp"], want["fused"], atol=1e-10, rtol=0)
+    assert layer.backend == "auto"  # the override changed nothing on the layer
+    results: dict[tuple[int, str], torch.Tensor] = {}
+    errors: list[BaseException] = []
+
+    def run(t: int) -> None:
+        try:
+            for i in range(5):
+                b = SPARSE_BACKENDS[(t + i) % 2]
+                results[(t * 5 + i, b)] = layer(x, graph, ea, backend=b)
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert len(results) == 20
+    for (_, b), out in results.items():
+        assert torch.equal(out, want[b])
+
+
+def test_backend_for_says_why_and_auto_warns_on_large_graphs_on_mp(monkeypatch):
+    q = torch.zeros(4, 1, 8)
+    assert backend_for(q, AttentionGraph.complete(4)).backend == "sdpa"
+    sparse = AttentionGraph(torch.tensor([[0, 1, 2], [1, 2, 3]]), 4)
+    choice = backend_for(q, sparse, dropout_p=0.1, value_bias=True)
+    assert choice.backend == "fused" and "sparse" in choice.reason
+    with pytest.raises(ValueError, match="sdpa"):
+        backend_for(q, sparse, backend="sdpa")
+    with pytest.raises(ValueError, match="per-edge score biases"):
+        backend_for(q, AttentionGraph.complete(4), backend="sdpa", score_bias=True)
+    # No compiled kernel: "auto" falls back to message passing and, on a
+    # large graph, says so once per call site.
+    monkeypatch.setattr(choice_mod.kernels, "get", lambda device: kernels_pkg.reference)
+    monkeypatch.setattr(choice_mod, "_WARN_EDGES", 2)
+    with pytest.warns(UserWarning, match="message-passing path"):
+        choice = backend_for(q, sparse)
+    assert choice.backend == "mp" and "no compiled kernel" in choice.reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert backend_for(q, AttentionGraph(torch.tensor([[0], [1]]), 4)).backend == "mp"
+
+
+def test_layer_backend_for_matches_what_runs():
+    layer = gnnattn.SelfAttentionConv(8, 2, dropout=0.1, edge_dim=2, edge_value=True)
+    x = torch.randn(6, 8)
+    ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+    ea = torch.randn(4, 2)
+    assert layer.backend_for(x, ei, ea).backend == "fused"
+    assert gnnattn.SelfAttentionConv(8, 2).backend_for(x).backend == "sdpa"
+    assert layer.backend_for(x, ei, ea, backend="mp") == ("mp", "asked for")
+
+
+def test_planning_once_per_graph(monkeypatch):
+    """The kernels' plans (checks and work split) are made once per graph and layout."""
+    cpu = kernels_pkg.get(torch.device("cpu"))
+    if cpu is kernels_pkg.reference:
+        pytest.skip("numba is not installed")
+    calls: list[int] = []
+    real = cpu.plan
+
+    def counting(ptr, col, num_cols, *args, **kwargs):
+        calls.append(col.numel())
+        return real(ptr, col, num_cols, *args, **kwargs)
+
+    monkeypatch.setattr(cpu, "plan", counting)
+    n = 50
+    graph = AttentionGraph(torch.randint(0, n, (2, 400)), n)
+    layer = gnnattn.SelfAttentionConv(8, 2, dropout=0.2, edge_dim=2, edge_value=True)
+    x = torch.randn(n, 8)
+    ea = torch.randn(400, 2)
+    for _ in range(3):
+        layer(x, graph, ea).sum().backward()
+    assert calls == [400, 400]  # the CSR's plan and the transposed CSR's, once each
+    # A new graph object plans again: the plans live on the object, not in a cache.
+    layer(x, AttentionGraph(graph.edge_index, n), ea)
+    assert len(calls) == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_call_makes_no_host_sync_once_planned():
+    n = 300
+    graph = AttentionGraph(torch.randint(0, n, (2, 4000)), n).to("cuda")
+    q, k, v = (torch.randn(n, 4, 16, device="cuda", requires_grad=True) for _ in range(3))
+    attention(q, k, v, graph, backend="fused", dropout_p=0.1).sum().backward()  # plans made
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = attention(q, k, v, graph, backend="fused", dropout_p=0.1)
+        out.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_operator_errors_name_the_argument():
+    g = AttentionGraph.causal(4)
+    q = torch.randn(4, 2, 3)
+    with pytest.raises(ValueError, match="'q' of shape"):
+        attention(q[0], q, q, g)
+    with pytest.raises(TypeError, match="'graph'"):
+        attention(q, q, q, torch.tensor([[0], [1]]))
+    with pytest.raises(ValueError, match="'score_bias' of shape"):
+        attention(q, q, q, g, score_bias=torch.zeros(3, 2))
+    with pytest.raises(ValueError, match="'dropout_p'"):
+        attention(q, q, q, g, dropout_p=float("nan"))
+    with pytest.raises(ValueError, match="'backend'"):
+        attention(q, q, q, g, backend="dense")
+
+
+# Module-level values that are not state: immutable data, and what Python
+# and the typing machinery put there.
+_IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), frozenset, tuple, range)
+
+
+def test_no_module_level_mutable_state():
+    offenders = []
+    for info in pkgutil.walk_packages(gnnattn.__path__, "gnnattn."):
+        if info.name.endswith("__main__") or ".kernels.triton" in info.name:
+            continue
+        mod = importlib.import_module(info.name)
+        for name, value in vars(mod).items():
+            if name.startswith("__") or name == "__all__":
+                continue
+            if isinstance(value, _IMMUTABLE) or inspect.ismodule(value):
+                continue
+            if inspect.isclass(value) or inspect.isroutine(value) or callable(value):
+                continue
+            if isinstance(value, (types.MappingProxyType, torch.dtype, torch.device)):
+                continue
+            if type(value).__module__ in ("typing", "__future__"):
+                continue
+            offenders.append(f"{info.name}.{name}: {type(value).__name__}")
+    assert not offenders, offenders
