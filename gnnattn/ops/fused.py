@@ -33,9 +33,10 @@ def _csr(graph: AttentionGraph, device: torch.device) -> tuple[Tensor, Tensor]:
 
 
 def _csc(graph: AttentionGraph, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    tptr, trow, tperm = graph.csc
     if device.type == "cpu":
-        return tuple(graph.csc)  # type: ignore[return-value]
-    return graph.derived(("csc", "int64"), lambda: tuple(t.long() for t in graph.csc))
+        return tptr, trow, tperm
+    return graph.derived(("csc", "int64"), lambda: (tptr, trow.long(), tperm.long()))
 
 
 def _plan(graph: AttentionGraph, kern: ModuleType, layout: str) -> Any:

@@ -83,12 +83,14 @@ def _check(
         )
     graph.check_nodes(k.shape[0], q.shape[0], q.device)
     e, h, cv = graph.num_edges, q.shape[1], v.shape[2]
-    for name, t, shape in (
+    biases: tuple[tuple[str, Tensor | None, tuple[int, ...]], ...] = (
         ("score_bias", score_bias, (e, h)),
         ("value_bias", value_bias, (e, h, cv)),
-    ):
-        if t is None:
+    )
+    for name, bias, shape in biases:
+        if bias is None:
             continue
+        t = bias
         check_tensor(t, name)
         if tuple(t.shape) != shape:
             raise ValueError(
@@ -176,24 +178,41 @@ def attention(
         value_bias=value_bias is not None,
         dropout_p=p,
     )
-    name = choice.backend
-    weights: Tensor | None = None
-    lse: Tensor | None = None
-    if name == "sdpa":
-        out, weights = sdpa_attention(q, k, v, graph, scale, dropout_p=p, need_weights=need_weights)
-        if return_lse:
-            lse = _edge_lse(q, k, graph, scale)
-    else:
-        dropout = draw_dropout(p) if p > 0 else None
-        kw = dict(score_bias=score_bias, value_bias=value_bias, dropout=dropout)
-        if name == "fused":
-            out, lse, weights = fused_attention(
-                q, k, v, graph, scale, need_weights=need_weights, **kw
-            )
-        else:
-            out, lse, weights = mp_attention(q, k, v, graph, scale, return_lse=return_lse, **kw)
+    out, lse, weights = _run(
+        choice.backend, q, k, v, graph, scale, score_bias, value_bias, p, return_lse, need_weights
+    )
     if not (return_lse or need_weights):
         return out
     return AttentionOutput(
-        out, lse if return_lse else None, weights if need_weights else None, name
+        out, lse if return_lse else None, weights if need_weights else None, choice.backend
     )
+
+
+def _run(
+    backend: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    graph: AttentionGraph,
+    scale: float,
+    score_bias: Tensor | None,
+    value_bias: Tensor | None,
+    p: float,
+    return_lse: bool,
+    need_weights: bool,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """``(out, lse, weights)`` of one backend (``lse``/``weights`` may be ``None``
+    when not asked for)."""
+    if backend == "sdpa":
+        out, weights = sdpa_attention(q, k, v, graph, scale, dropout_p=p, need_weights=need_weights)
+        return out, (_edge_lse(q, k, graph, scale) if return_lse else None), weights
+    dropout = draw_dropout(p) if p > 0 else None
+    if backend == "fused":
+        return fused_attention(
+            q, k, v, graph, scale, score_bias=score_bias, value_bias=value_bias,
+            dropout=dropout, need_weights=need_weights,
+        )  # fmt: skip
+    return mp_attention(
+        q, k, v, graph, scale, score_bias=score_bias, value_bias=value_bias, dropout=dropout,
+        return_lse=return_lse,
+    )  # fmt: skip

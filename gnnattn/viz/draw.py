@@ -192,6 +192,25 @@ def _legend(ax: Any, note: str, st: _Style) -> None:
     legend.get_title().set_multialignment("center")
 
 
+def _style_for(
+    used: str, pos: dict[Any, Any], max_width: float, color: Any, labels: bool
+) -> _Style:
+    """How edges are drawn in layout ``used``."""
+    xs = [p[0] for p in pos.values()] or [0.0]
+    ys = [p[1] for p in pos.values()] or [0.0]
+    return _Style(
+        layout=used,
+        node_r=0.12 if used != "layered" else 0.16,
+        # Arcs, not straight lines: j -> i and i -> j then part ways, and in
+        # the layered layout long edges bow over the tokens between them.
+        rad=0.12 if used == "circular" else (-0.45 if used == "layered" else 0.15),
+        max_width=max_width,
+        color=color,
+        labels=labels,
+        centre=(sum(xs) / len(xs), sum(ys) / len(ys)),
+    )
+
+
 def draw_attention(
     edge_index: Tensor,
     alpha: Tensor,
@@ -261,18 +280,8 @@ def draw_attention(
         _, ax = plt.subplots(figsize=size)
     edges: list[Edge] = [(j, i, float(d["weight"])) for j, i, d in g.edges(data=True)]
     shown, note = filter_edges(edges, min_weight, top_k)
-    xs = [p[0] for p in pos.values()] or [0.0]
-    ys = [p[1] for p in pos.values()] or [0.0]
-    st = _Style(
-        layout=used,
-        node_r=0.12 if used != "layered" else 0.16,
-        # Arcs, not straight lines: j -> i and i -> j then part ways, and in
-        # the layered layout long edges bow over the tokens between them.
-        rad=0.12 if used == "circular" else (-0.45 if used == "layered" else 0.15),
-        max_width=max_width,
-        color=color,
-        labels=len(shown) <= 16 if edge_labels is None else edge_labels,
-        centre=(sum(xs) / len(xs), sum(ys) / len(ys)),
+    st = _style_for(
+        used, pos, max_width, color, len(shown) <= 16 if edge_labels is None else edge_labels
     )
     for j, i, w in shown:
         if i == j:

@@ -404,6 +404,46 @@ def _render(payload: dict[str, Any], title: str) -> str:
     return re.sub("|".join(parts), lambda m: parts[m.group(0)], _asset("explorer.html"))
 
 
+def _count_nodes(pairs: list[Any], num_nodes: int | None, tokens: Any, pos: Any) -> int:
+    """``num_nodes``, or the most that the edges, ``tokens`` and ``pos`` imply."""
+    if num_nodes is not None:
+        check_int(num_nodes, "num_nodes")
+        return num_nodes
+    n = max(
+        (int(ei.max()) + 1 for ei, _ in pairs if isinstance(ei, Tensor) and ei.numel()),
+        default=0,
+    )
+    n = max(n, len(tokens) if tokens is not None else 0)
+    if pos is not None and not isinstance(pos, Mapping):
+        n = max(n, len(pos))
+    return n
+
+
+def _checked_layers(pairs: list[Any], score_list: list[Any], n: int, tokens: Any) -> list[Any]:
+    """Every layer's ``(edge_index, alpha, scores)`` checked, scores as ``[E, H]`` or ``None``."""
+    checked = []
+    for k, ((ei, a), s) in enumerate(zip(pairs, score_list, strict=True)):
+        ei, a, _ = check_attention(ei, a, n, tokens)
+        if s is not None and not isinstance(s, Tensor):
+            raise TypeError(
+                f"Expected 'scores' of layer {k} to be a Tensor, got {type(s).__name__}"
+            )
+        if s is not None:
+            s = s.detach().unsqueeze(-1) if s.dim() == 1 else s.detach()
+        _check_values(a, s, k)
+        checked.append((ei, a, s))
+    return checked
+
+
+def _default_title(layers: list[Any], n: int) -> str:
+    total = sum(lay.edges_in for lay in layers)
+    heads = max(lay.alpha.shape[1] for lay in layers)
+    return (
+        f"gnnattn attention explorer: {n} nodes, {total:,} edges in {len(layers)} "
+        f"layer{'s' if len(layers) > 1 else ''}, {heads} head{'s' if heads > 1 else ''}"
+    )
+
+
 def explore(
     attentions: tuple[Tensor, Tensor] | Sequence[tuple[Tensor, Tensor]],
     *,
@@ -470,31 +510,11 @@ def explore(
             f"Expected 'layer_names' to hold one name per layer ({len(pairs)}), "
             f"got {len(layer_names)}"
         )
-    if num_nodes is None:
-        n = max(
-            (int(ei.max()) + 1 for ei, _ in pairs if isinstance(ei, Tensor) and ei.numel()),
-            default=0,
-        )
-        n = max(n, len(tokens) if tokens is not None else 0)
-        if pos is not None and not isinstance(pos, Mapping):
-            n = max(n, len(pos))
-    else:
-        check_int(num_nodes, "num_nodes")
-        n = num_nodes
+    n = _count_nodes(pairs, num_nodes, tokens, pos)
     names = (
         list(layer_names) if layer_names is not None else [f"layer {k}" for k in range(len(pairs))]
     )
-    checked = []
-    for k, ((ei, a), s) in enumerate(zip(pairs, score_list, strict=True)):
-        ei, a, _ = check_attention(ei, a, n, tokens)
-        if s is not None and not isinstance(s, Tensor):
-            raise TypeError(
-                f"Expected 'scores' of layer {k} to be a Tensor, got {type(s).__name__}"
-            )
-        if s is not None:
-            s = s.detach().unsqueeze(-1) if s.dim() == 1 else s.detach()
-        _check_values(a, s, k)
-        checked.append((ei, a, s))
+    checked = _checked_layers(pairs, score_list, n, tokens)
     layers = [_prepare(ei, a, s, n, names[k], max_edges) for k, (ei, a, s) in enumerate(checked)]
     if pos is not None:
         xy, used = _positions_given(pos, n), "given"
@@ -507,15 +527,9 @@ def explore(
         empty = f"This graph has no edges ({n} nodes): nothing to draw."
     else:
         empty = None
-    labels = labels_of(n, tokens)
-    total = sum(lay.edges_in for lay in layers)
-    heads = max(lay.alpha.shape[1] for lay in layers)
     if title is None:
-        title = (
-            f"gnnattn attention explorer: {n} nodes, {total:,} edges in {len(layers)} "
-            f"layer{'s' if len(layers) > 1 else ''}, {heads} head{'s' if heads > 1 else ''}"
-        )
-    page = _render(_payload(layers, labels, xy, used, notes, empty), title)
+        title = _default_title(layers, n)
+    page = _render(_payload(layers, labels_of(n, tokens), xy, used, notes, empty), title)
     return AttentionExplorer(
         page,
         num_nodes=n,
