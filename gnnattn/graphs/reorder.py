@@ -44,7 +44,7 @@ METHODS = ("rcm",)
 class _Rows(torch.autograd.Function):
     """``x[index]`` for a permutation ``index``: the backward is a gather by its
     inverse, not the scatter-add that ``x[index]``'s backward must do for
-    arbitrary indices (3-5x slower at 200k rows of 128 floats)."""
+    arbitrary indices (atomics or a sort, several times slower)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, index: Tensor, inverse: Tensor) -> Tensor:  # type: ignore[override]

@@ -32,28 +32,15 @@ vendored from the npm package as ``assets/d3.min.js`` with its licence in
 no dependencies, inlined so the page opens offline. The edges are stroked on
 a ``<canvas>`` in 256 weight levels (one path per level); d3 does zoom and
 pan, the node quadtree for hit-testing, the colour scale and the DOM. The
-alternatives were measured or weighed in the same headless Chromium at 1000
-nodes / 100k edges: cytoscape.js 3.35 (443 KB) took 20.6 s to first paint
-and 87 s to restyle every edge once (one object per element); plotly's
-inlined JavaScript alone is 4.8 MB and draws one SVG trace per width/opacity.
-WebGL renderers (sigma.js) were not tried: without a GPU (as here) WebGL runs
-in software too, the canvas already meets the budget below, and Chrome keeps
-at most 16 live WebGL contexts, which a notebook of explorers would exceed.
+alternatives considered (cytoscape.js, plotly, sigma.js) and the page's measured
+load and repaint times are in the README ("See it").
 
 **Scale.** Arrays are written compactly (base64 of little-endian uint16 or
 int32 source ids, int32 CSR row pointers, float32 weights per head), so the
 file grows linearly: 2.7 bytes per edge (uint16 ids) plus 5.3 per edge and
 head (10.7 with ``scores``), plus 0.32 MB of fixed code. A layer with more
 than ``max_edges`` edges is cut in Python to the top k edges per target (the
-largest k that fits), and the page says so. Measured on this project's CPU
-machine (2 cores, no GPU, other jobs running: load average 1.4-1.7) in
-headless Chromium 150 with ``--disable-gpu`` (software rasterization), for
-1000 nodes and 100k edges (a random graph, 100 in-edges per node, 4 heads),
-medians of 3 page loads: a 2.8 MB page; :func:`explore` 0.36 s plus 2.5-4 s
-of networkx's spring layout (``layout="circular"`` or ``pos=`` skips it);
-0.63 s from opening the file to the first complete paint (0.38 s of it the
-page's script); 165 ms from moving the top-k slider to the repaint with all
-100k edges drawn, 46 ms at k = 10 (10k edges). Hovering tests only the drawn
+largest k that fits), and the page says so. Hovering tests only the drawn
 edges, in one pass.
 """
 
