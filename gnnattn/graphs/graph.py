@@ -28,6 +28,7 @@ CSR is a sort). Build the graph object once to pay that once.
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -190,9 +191,25 @@ class AttentionGraph:
         window: int = 0,
         device: torch.device | str | None = None,
     ) -> AttentionGraph:
-        g = cls.__new__(cls)
         n = sum(lengths)
-        g._init(None, n, n, False, Structure(kind, lengths, window), torch.device(device or "cpu"))
+        return cls._assembled(n, n, structure=Structure(kind, lengths, window), device=device)
+
+    @classmethod
+    def _assembled(
+        cls,
+        num_dst: int,
+        num_src: int,
+        *,
+        edge_index: Tensor | None = None,
+        bipartite: bool = False,
+        structure: Structure | None = None,
+        device: torch.device | str | None = None,
+    ) -> AttentionGraph:
+        """A graph from parts already checked (builders and views): the one way
+        around :meth:`__init__`'s validation."""
+        g = cls.__new__(cls)
+        dev = torch.device(device or "cpu")
+        g._init(edge_index, num_dst, num_src, bipartite, structure, dev)
         return g
 
     @classmethod
@@ -276,8 +293,7 @@ class AttentionGraph:
         """Every target attends to every source (cross-attention)."""
         check_int(num_src, "num_src")
         check_int(num_dst, "num_dst")
-        g = cls.__new__(cls)
-        g._init(None, num_dst, num_src, True, None, torch.device(device or "cpu"))
+        g = cls._assembled(num_dst, num_src, bipartite=True, device=device)
         g._bipartite_complete = True
         return g
 
@@ -487,14 +503,14 @@ class AttentionGraph:
         s = self._structure
         with _building(self._lock):
             if self._causal_view is None:
-                view = AttentionGraph.__new__(AttentionGraph)
+                n = self.num_dst
                 if s is not None and self._edge_index is None:
                     # Edges never built: the view needs none either.
-                    view._init(None, self.num_dst, self.num_dst, False, device=self._device)
+                    view = AttentionGraph._assembled(n, n, device=self._device)
                     view._is_causal = True
                     view._parent = self
                 else:
-                    view._init(self.edge_index, self.num_dst, self.num_dst, False)
+                    view = AttentionGraph._assembled(n, n, edge_index=self.edge_index)
                     view._prune_causal()
                 if s is not None:
                     view._structure = s.causal()
@@ -528,10 +544,7 @@ class AttentionGraph:
         device = _canonical(device)
         if device == self._device:
             return self
-        g = AttentionGraph.__new__(AttentionGraph)
-        g.__dict__.update(self.__dict__)
-        g._lock = threading.RLock()
-        g._cache = {}
+        g = copy.copy(self)  # a new lock and an empty cache: see __getstate__
         g._device = device
         g._parent = self._parent.to(device) if self._parent is not None else None
 
