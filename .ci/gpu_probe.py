@@ -3,12 +3,16 @@
     python3 .ci/gpu_probe.py SECTION [--dry-run]
 
 Sections, in order of value: ``tests`` (the Triton/CUDA tests), ``softmax``
-(copy bandwidth, then segment softmax forward and backward against PyG's
-``utils.softmax``), ``attention`` (fused attention at N = 1M against the
-bytes it gathers, PyG ``TransformerConv``, SDPA and compiled FlexAttention),
-``correctness`` (at scale, against a float64 reference; offsets past 2**31;
-deterministic backward), ``registers`` (registers and spills of every kernel
-compiled in this process, after compiling them at the probe's sizes).
+(copy bandwidth, then segment softmax forward and backward, given the graph's
+plan, against PyG's ``utils.softmax``), ``attention`` (fused attention at
+N = 1M against the bytes it gathers, PyG ``TransformerConv``, SDPA and
+compiled FlexAttention), ``options`` (the fused kernels called with plans:
+forward + backward with value bias and dropout against without, by
+``triton.testing.do_bench``; that a planned call never synchronises),
+``correctness`` (at scale, against a float64 reference, value bias and
+dropout included; offsets past 2**31; deterministic backward), ``registers``
+(registers and spills of every kernel compiled in this process, after
+compiling them at the probe's sizes).
 
 ``--dry-run`` runs every section end to end on the CPU at tiny sizes through
 Triton's interpreter (times are then meaningless and say so): the test suite
@@ -40,6 +44,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "seq": 4096,
         "window": 128,
         "check_nodes": 20_000,
+        "opt_graph": (1 << 19, 32, 8, 64),  # N, degree, heads, head dim
         "big_softmax": True,
         "reps": 10,
     },
@@ -52,6 +57,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "seq": 64,
         "window": 8,
         "check_nodes": 48,
+        "opt_graph": (16, 6, 2, 16),
         "big_softmax": False,
         "reps": 1,
     },
@@ -147,6 +153,7 @@ def section_softmax(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, 
     import torch
     from torch_geometric.utils import softmax as pyg_softmax
 
+    from gnnattn.kernels import triton_attention as ta
     from gnnattn.kernels import triton_softmax as ts
 
     timer = Timer(device, sizes["reps"])
@@ -169,6 +176,9 @@ def section_softmax(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, 
             n += 1
         e = int(ptr[-1])
         index = torch.repeat_interleave(torch.arange(n, device=device), ptr.diff())
+        # The plan a graph keeps (any ids in range serve as its columns): the
+        # timed calls then check nothing and never synchronise.
+        plan = ta.plan(ptr, index, n)
         # The dry run checks the code paths, which are the same for bfloat16.
         dtypes = (torch.float32,) if dry else (torch.float32, torch.bfloat16)
         for h in (1, 8):
@@ -178,9 +188,9 @@ def section_softmax(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, 
                 itemsize = x.element_size()
                 row: dict[str, Any] = {"graph": graph, "E": e, "H": h, "dtype": str(dtype)}
                 try:
-                    y = ts.segment_softmax_fwd(x, ptr)
-                    t_f = timer(lambda: ts.segment_softmax_fwd(x, ptr))  # noqa: B023
-                    t_b = timer(lambda: ts.segment_softmax_bwd(y, g, ptr))  # noqa: B023
+                    y = ts.segment_softmax_fwd(x, ptr, plan=plan)
+                    t_f = timer(lambda: ts.segment_softmax_fwd(x, ptr, plan=plan))  # noqa: B023
+                    t_b = timer(lambda: ts.segment_softmax_bwd(y, g, ptr, plan=plan))  # noqa: B023
                     xr = x.detach().requires_grad_()
 
                     def pyg_fwd() -> Any:
@@ -226,7 +236,7 @@ def section_attention(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str
     import torch.nn.functional as F
 
     from gnnattn import AttentionGraph, SelfAttentionConv
-    from gnnattn.ops import fused_attention
+    from gnnattn.ops import attention
 
     timer = Timer(device, sizes["reps"])
     res: dict[str, Any] = {"fused": [], "transformer_conv": [], "complete": {}, "window": {}}
@@ -241,10 +251,10 @@ def section_attention(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
 
             def fwd() -> Any:
-                return fused_attention(q, k, v, graph, c**-0.5)[0]  # noqa: B023
+                return attention(q, k, v, graph, backend="fused")  # noqa: B023
 
             def fwdbwd() -> None:
-                fused_attention(*leaves, graph, c**-0.5)[0].sum().backward()  # noqa: B023
+                attention(*leaves, graph, backend="fused").sum().backward()  # noqa: B023
 
             t_f, t_fb = timer(fwd), timer(fwdbwd)
             # Bytes the gathers need: one k and one v row per edge and head,
@@ -311,10 +321,11 @@ def section_attention(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str
     w = sizes["window"]
     wgraph = AttentionGraph.window(t, window=w, device=device)
     row = {"T": t, "window": w}
+    # The same weights in a layer built for the fused backend.
+    fused = SelfAttentionConv(512, 8, backend="fused").to(device=device, dtype=dt).eval()
+    fused.load_state_dict(layer.state_dict())
     with torch.no_grad():
-        layer.backend = "fused"
-        row["fused_ms"] = timer(lambda: layer(x, wgraph)) * 1e3
-        layer.backend = "auto"
+        row["fused_ms"] = timer(lambda: fused(x, wgraph)) * 1e3
     if dry:
         row["flex"] = "skipped in the dry run (torch.compile)"
     else:
@@ -342,6 +353,83 @@ def section_attention(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str
     return res
 
 
+def _index_tensors(graph: Any) -> tuple[Any, Any, tuple[Any, Any, Any]]:
+    """The graph's CSR and transposed CSR with int64 ids, as the Triton kernels take them."""
+    csr, csc = graph.csr, graph.csc
+    return csr.ptr, csr.col.long(), (csc.ptr, csc.row.long(), csc.perm.long())
+
+
+def section_options(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, Any]:
+    """The fused kernels with plans: fwd+bwd with value bias / dropout vs without; no sync."""
+    import torch
+
+    from gnnattn import AttentionGraph
+    from gnnattn.kernels import triton_attention as ta
+    from gnnattn.kernels.common import Dropout
+
+    n, deg, h, c = sizes["opt_graph"]
+    graph = AttentionGraph(_random_graph(n, deg, device, seed=3), n)
+    ptr, col, csc = _index_tensors(graph)
+    plan, csc_plan = ta.plan(ptr, col, n), ta.plan(csc[0], csc[1], n)
+    e = col.numel()
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q, k, v, go = (torch.randn(n, h, c, device=device, dtype=dtype) for _ in range(4))
+    vb = torch.randn(e, h, c, device=device, dtype=dtype)
+    drop = Dropout(0.1, (1 << 62) + 0x9E37_79B9, 0)
+    variants = {
+        "plain": {},
+        "value_bias": {"value_bias": vb},
+        "dropout": {"dropout": drop},
+        "value_bias+dropout": {"value_bias": vb, "dropout": drop},
+    }
+
+    def step(opts: dict[str, Any]) -> None:
+        out, lse = ta.attention_fwd(q, k, v, ptr, col, c**-0.5, plan=plan, **opts)
+        ta.attention_bwd(
+            q, k, v, out, lse, go, ptr, col, c**-0.5, csc=csc, plan=plan, csc_plan=csc_plan,
+            **opts,
+        )  # fmt: skip
+
+    if device == "cuda":
+        import triton.testing
+
+        def bench(fn: Callable[[], Any]) -> float:  # CUDA events, median, in seconds
+            return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") / 1e3
+
+        timing = "triton.testing.do_bench (CUDA events, median)"
+    else:
+        bench, timing = Timer(device, sizes["reps"]), "wall clock (interpreter: meaningless)"
+    res: dict[str, Any] = {"N": n, "E": e, "H": h, "C": c, "dtype": str(dtype), "timing": timing}
+    rows: dict[str, Any] = {}
+    for name, opts in variants.items():
+        try:
+            rows[name] = {"fwdbwd_ms": bench(lambda: step(opts)) * 1e3}  # noqa: B023
+        except Exception as err:  # noqa: BLE001 - recorded, the probe goes on
+            rows[name] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+    plain = rows["plain"].get("fwdbwd_ms")
+    for row in rows.values():
+        if plain and "fwdbwd_ms" in row:
+            row["ratio_vs_plain"] = row["fwdbwd_ms"] / plain
+    res["fwdbwd"] = rows
+    # Given plans, a call never waits for the device (and a new seed compiles nothing).
+    if device == "cuda":
+        opts = variants["value_bias+dropout"]
+        step(opts)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step({**opts, "dropout": Dropout(0.1, 12_345, 7)})
+            res["planned_call_syncs"] = False
+        except RuntimeError as err:
+            res["planned_call_syncs"] = f"{type(err).__name__}: {str(err)[:300]}"
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+    else:
+        res["planned_call_syncs"] = "not checked (no CUDA)"
+    return res
+
+
 def section_correctness(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, Any]:
     """At scale against float64 references; offsets past 2**31; deterministic backward."""
     import torch
@@ -350,6 +438,7 @@ def section_correctness(dry: bool, device: str, sizes: dict[str, Any]) -> dict[s
     from gnnattn.kernels import reference as ref
     from gnnattn.kernels import triton_attention as ta
     from gnnattn.kernels import triton_softmax as ts
+    from gnnattn.kernels.common import Dropout
 
     res: dict[str, Any] = {}
     n, deg, h, c = sizes["check_nodes"], 32, 8, 64
@@ -358,14 +447,17 @@ def section_correctness(dry: bool, device: str, sizes: dict[str, Any]) -> dict[s
     ei[1, : 4 * deg] = 0
     ei[0, -8 * deg :] = 1
     graph = AttentionGraph(ei, n)
-    csr, csc = graph.csr, graph.csc
+    ptr, col, csc = _index_tensors(graph)
+    plans = dict(plan=ta.plan(ptr, col, n))
+    bplans = dict(csc=csc, csc_plan=ta.plan(csc[0], csc[1], n), **plans)
     q, k, v = (torch.randn(n, h, c, device=device) for _ in range(3))
-    out, lse = ta.attention_fwd(q, k, v, csr.ptr, csr.col, 0.125)
+    out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.125, **plans)
     go = torch.randn_like(out)
-    grads = ta.attention_bwd(q, k, v, out, lse, go, csr.ptr, csr.col, 0.125, csc=tuple(csc))
+    dq, dk, dv, dbias, dvb = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.125, **bplans)
+    assert dbias is None and dvb is None
     d64 = [t.double() for t in (q, k, v)]
-    ro, rl = ref.attention_fwd(*d64, csr.ptr, csr.col, 0.125)
-    want = ref.attention_bwd(*d64, ro, rl, go.double(), csr.ptr, csr.col, 0.125)
+    ro, rl = ref.attention_fwd(*d64, ptr, col, 0.125)
+    want = ref.attention_bwd(*d64, ro, rl, go.double(), ptr, col, 0.125)
     fin = torch.isfinite(rl)  # lse = -inf for targets without edges, on both sides
     res["lse_inf_where_reference_inf"] = bool(torch.equal(torch.isfinite(lse), fin))
     res["max_abs_err"] = {
@@ -373,13 +465,31 @@ def section_correctness(dry: bool, device: str, sizes: dict[str, Any]) -> dict[s
         "lse": float((lse.double()[fin] - rl[fin]).abs().max()),
         **{
             name: float((g.double() - w).abs().max())
-            for name, g, w in zip(("dq", "dk", "dv"), grads, want, strict=False)
+            for name, g, w in zip(("dq", "dk", "dv"), (dq, dk, dv), want[:3], strict=True)
         },
     }
-    again = ta.attention_bwd(q, k, v, out, lse, go, csr.ptr, csr.col, 0.125, csc=tuple(csc))
+    again = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.125, **bplans)
     res["backward_bitwise_identical"] = all(
-        torch.equal(a, b) for a, b in zip(grads[:3], again[:3], strict=True)
+        torch.equal(a, b) for a, b in zip((dq, dk, dv), again[:3], strict=True)
     )
+    # Score bias, value bias and dropout together, against float64.
+    e = col.numel()
+    bias, vb = torch.randn(e, h, device=device), torch.randn(e, h, c, device=device)
+    opts = dict(value_bias=vb, dropout=Dropout(0.2, (1 << 62) + 77, 1_000))
+    out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.125, bias, **opts, **plans)
+    grads = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.125, bias, **opts, **bplans)
+    opts64 = dict(opts, value_bias=vb.double())
+    ro, rl = ref.attention_fwd(*d64, ptr, col, 0.125, bias.double(), **opts64)
+    want = ref.attention_bwd(*d64, ro, rl, go.double(), ptr, col, 0.125, bias.double(), **opts64)
+    names = ("dq", "dk", "dv", "dbias", "dvalue_bias")
+    res["max_abs_err_options"] = {
+        "out": float((out.double() - ro).abs().max()),
+        **{
+            name: float((g.double() - w).abs().max())
+            for name, g, w in zip(names, grads, want, strict=True)
+        },
+    }
+    del grads, want, ro, rl
     if sizes["big_softmax"]:
         # E * H = 2**31 + 2**24 in float16: the last segment lies past 2**31 elements.
         e, hh = (1 << 28) + (1 << 21), 8
@@ -401,6 +511,7 @@ def section_registers(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str
 
     from gnnattn.kernels import triton_attention as ta
     from gnnattn.kernels import triton_softmax as ts
+    from gnnattn.kernels.common import Dropout
 
     # Compile every kernel at a small size (each specialisation is what counts);
     # 600 edges per target are split at the GPU's default chunk.
@@ -410,8 +521,13 @@ def section_registers(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str
     col = torch.randint(0, n, (e,), device=device)
     q, k, v = (torch.randn(n, h, c, device=device, dtype=torch.bfloat16) for _ in range(3))
     bias = torch.randn(e, h, device=device, dtype=torch.bfloat16)
-    out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.125, bias)
-    ta.attention_bwd(q, k, v, out, lse, torch.randn_like(out), ptr, col, 0.125, bias)
+    vb = torch.randn(e, h, c, device=device, dtype=torch.bfloat16)
+    for opts in ({}, {"value_bias": vb, "dropout": Dropout(0.1, 1, 0)}):
+        out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.125, bias, **opts)
+        grads = ta.attention_bwd(
+            q, k, v, out, lse, torch.randn_like(out), ptr, col, 0.125, bias, **opts
+        )
+        assert len(grads) == 5
     x = torch.randn(e, h, device=device)
     ts.segment_softmax_bwd(ts.segment_softmax_fwd(x, ptr), x, ptr)
     if dry or device != "cuda":
@@ -437,7 +553,7 @@ def section_registers(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str
     return {"kernels": kernels}
 
 
-SECTIONS = ("tests", "softmax", "attention", "correctness", "registers")
+SECTIONS = ("tests", "softmax", "attention", "options", "correctness", "registers")
 
 
 def main() -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("tests", "softmax", "attention", "correctness", "registers")
+SECTIONS = ("tests", "softmax", "attention", "options", "correctness", "registers")
 
 
 @pytest.mark.slow
@@ -43,6 +43,10 @@ def test_gpu_probe_dry_run_writes_every_section(tmp_path):
     correctness = json.loads((tmp_path / "correctness.json").read_text())
     assert correctness["backward_bitwise_identical"] is True
     assert max(correctness["max_abs_err"].values()) < 1e-4
+    assert max(correctness["max_abs_err_options"].values()) < 1e-4
+    options = json.loads((tmp_path / "options.json").read_text())
+    assert set(options["fwdbwd"]) == {"plain", "value_bias", "dropout", "value_bias+dropout"}
+    assert all("fwdbwd_ms" in row for row in options["fwdbwd"].values()), options
     softmax = json.loads((tmp_path / "softmax.json").read_text())
     assert {r["graph"] for r in softmax["rows"]} == {"degree 32", "hub"}
     assert all("error" not in r for r in softmax["rows"])

@@ -21,6 +21,9 @@ import torch
 
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from gnnattn import kernels  # noqa: E402
 from gnnattn.graphs import transpose_csr  # noqa: E402
 from gnnattn.kernels import reference as ref  # noqa: E402
@@ -28,6 +31,7 @@ from gnnattn.kernels import triton_attention as ta  # noqa: E402
 from gnnattn.kernels import triton_ops  # noqa: E402
 from gnnattn.kernels import triton_softmax as ts  # noqa: E402
 from gnnattn.kernels.chunks import chunk_plan  # noqa: E402
+from gnnattn.kernels.common import Dropout, dropout_bits, dropout_keep  # noqa: E402
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -67,16 +71,17 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> 
 
 
 def test_triton_ops_has_the_reference_api() -> None:
-    names = ["segment_softmax_fwd", "segment_softmax_bwd", "attention_fwd", "attention_bwd"]
-    assert sorted(triton_ops.__all__) == sorted(names)
+    names = ["segment_softmax_fwd", "segment_softmax_bwd", "attention_fwd", "attention_bwd", "plan"]
+    assert sorted(triton_ops.__all__) == sorted([*names, "TritonPlan"])
     for name in names:
         mine = list(inspect.signature(getattr(triton_ops, name)).parameters.values())
         theirs = list(inspect.signature(getattr(ref, name)).parameters.values())
-        # Same positional parameters and defaults; extras are keyword-only.
-        assert [(p.name, p.default) for p in mine[: len(theirs)]] == [
-            (p.name, p.default) for p in theirs
+        # Same parameters, kinds and defaults; extras are keyword-only.
+        assert [(p.name, p.kind, p.default) for p in mine[: len(theirs)]] == [
+            (p.name, p.kind, p.default) for p in theirs
         ]
         assert all(p.kind is p.KEYWORD_ONLY for p in mine[len(theirs) :])
+    assert triton_ops.plan is ta.plan
 
 
 def test_triton_ops_is_what_kernels_get_returns_for_cuda() -> None:
@@ -212,10 +217,11 @@ def _attention_inputs(lens, num_src, h, c, cv, dtype, bias: bool):
     return q, k, v, ptr, col, b
 
 
-def _check_attention(lens, num_src, h, c, cv, dtype, bias, block_e=None) -> None:
+def _check_attention(lens, num_src, h, c, cv, dtype, bias, block_e=None, split_blocks=None):
     q, k, v, ptr, col, b = _attention_inputs(lens, num_src, h, c, cv, dtype, bias)
     scale = c**-0.5
-    out, lse = ta.attention_fwd(q, k, v, ptr, col, scale, b, block_e=block_e)
+    blocks = dict(block_e=block_e, split_blocks=split_blocks)
+    out, lse = ta.attention_fwd(q, k, v, ptr, col, scale, b, **blocks)
     assert out.dtype == dtype and out.shape == (len(lens), h, cv)
     assert lse.dtype == torch.float32 and lse.shape == (len(lens), h)
     ro, rl = ref.attention_fwd(q.float(), k.float(), v.float(), ptr, col, scale, _f32(b))
@@ -227,20 +233,31 @@ def _check_attention(lens, num_src, h, c, cv, dtype, bias, block_e=None) -> None
     assert lse[0].eq(float("-inf")).all()
 
     go = torch.randn(out.shape, device=DEV).to(dtype)
-    grads = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, scale, b, block_e=block_e)
+    grads = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, scale, b, **blocks)
     expected = ref.attention_bwd(
         q.float(), k.float(), v.float(), ro, rl, go.float(), ptr, col, scale, _f32(b)
     )
-    for name, got, want in zip(("dq", "dk", "dv", "dbias"), grads, expected, strict=True):
+    _close_grads(grads, expected, dtype)
+
+
+GRADS = ("dq", "dk", "dv", "dbias", "dvalue_bias")
+
+
+def _close_grads(grads, expected, dtype: torch.dtype, **tol_override) -> None:
+    """All five gradients: ``None`` where the reference's are, else close to them."""
+    assert len(grads) == len(expected) == 5
+    for name, got, want in zip(GRADS, grads, expected, strict=True):
         if want is None:
             assert got is None, name
             continue
-        assert got.dtype == dtype, name
+        assert got.dtype == dtype and got.shape == want.shape, name
         # Half-type gradients are sums of many rounded terms: scale the bound.
-        scale_tol = 1.0 if dtype == torch.float32 else max(1.0, want.abs().max().item())
-        tol = {key: val * scale_tol for key, val in TOL[dtype].items()}
+        scale_tol = (
+            1.0 if dtype in (torch.float32, torch.float64) else max(1.0, want.abs().max().item())
+        )
+        tol = {key: val * scale_tol for key, val in {**TOL[dtype], **tol_override}.items()}
         assert not torch.isnan(got).any(), name
-        torch.testing.assert_close(got.float(), want, **tol, msg=name)
+        torch.testing.assert_close(got.to(want.dtype), want, **tol, msg=name)
 
 
 # Destination 0 empty, 1 with one edge, 2 with 17 (fully masked by the bias),
@@ -261,8 +278,10 @@ def test_triton_attention_matches_reference_half(dtype: torch.dtype) -> None:
 
 def test_triton_attention_value_dim_differs_and_long_segment() -> None:
     # Cv != C, three heads, and one destination with 1000+ neighbours walked in
-    # 64-edge blocks (the online softmax rescales 17 times).
-    _check_attention([0, 1030, 2, 7], 50, 3, 16, 40, torch.float32, True, block_e=64)
+    # 64-edge blocks by one program (the online softmax rescales 17 times).
+    _check_attention(
+        [0, 1030, 2, 7], 50, 3, 16, 40, torch.float32, True, block_e=64, split_blocks=32
+    )
 
 
 def test_triton_attention_single_destination_holding_everything() -> None:
@@ -282,7 +301,8 @@ def test_triton_attention_grad_equals_autograd_of_reference() -> None:
     (ro * go).sum().backward()
     out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.3, b)
     grads = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.3, b)
-    for got, leaf in zip(grads, leaves, strict=True):
+    assert grads[4] is None
+    for got, leaf in zip(grads[:4], leaves, strict=True):
         torch.testing.assert_close(got, leaf.grad, **TOL[torch.float64])
 
 
@@ -293,7 +313,7 @@ def test_triton_attention_backward_is_deterministic() -> None:
     first = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.25, b)
     csc = transpose_csr(ptr, col, k.shape[0])
     second = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.25, b, csc=csc)
-    for a, c in zip(first, second, strict=True):
+    for a, c in zip(first[:4], second[:4], strict=True):
         assert torch.equal(a, c)
 
 
@@ -304,8 +324,8 @@ def test_triton_attention_without_edges() -> None:
     col = torch.zeros(0, dtype=torch.long, device=DEV)
     out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.25)
     assert (out == 0).all() and (lse == float("-inf")).all()
-    dq, dk, dv, db = ta.attention_bwd(q, k, v, out, lse, torch.ones_like(out), ptr, col, 0.25)
-    assert (dq == 0).all() and (dk == 0).all() and (dv == 0).all() and db is None
+    dq, dk, dv, db, dvb = ta.attention_bwd(q, k, v, out, lse, torch.ones_like(out), ptr, col, 0.25)
+    assert (dq == 0).all() and (dk == 0).all() and (dv == 0).all() and db is None and dvb is None
 
 
 def test_triton_attention_split_hubs_in_both_passes() -> None:
@@ -335,8 +355,7 @@ def test_triton_attention_split_hubs_in_both_passes() -> None:
     go = torch.randn_like(out)
     got = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.3, b, csc=tuple(csc), **blocks)
     want = ref.attention_bwd(q, k, v, ro, rl, go, ptr, col, 0.3, b)
-    for name, x, y in zip(("dq", "dk", "dv", "dbias"), got, want, strict=True):
-        torch.testing.assert_close(x, y, **TOL[torch.float64], msg=name)
+    _close_grads(got, want, torch.float64)
     # Split or not, the same result.
     whole = ta.attention_fwd(q, k, v, ptr, col, 0.3, b, block_e=4, split_blocks=64)
     torch.testing.assert_close(whole[0], out, **TOL[torch.float64])
@@ -376,6 +395,314 @@ def test_triton_segment_softmax_awkward_segments(dtype: torch.dtype) -> None:
     g = torch.randn(x.shape, device=DEV).to(dtype)
     dx = ts.segment_softmax_bwd(y, g, ptr, **blocks)
     _close(dx, ref.segment_softmax_bwd(y.float(), g.float(), ptr), dtype)
+
+
+# --------------------------------------------------------------------------- dropout stream
+
+
+@triton.jit
+def _bits_kernel(counter_ptr, out_ptr, n, seed_lo, seed_hi, offset, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    counter = tl.load(counter_ptr + offs, mask=mask, other=0)
+    bits = ta.dropout_bits(counter + offset, seed_lo, seed_hi)
+    tl.store(out_ptr + offs, bits.to(tl.int64), mask=mask)
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [0, 1, 0xFFFF_FFFF, (1 << 31) + 5, (1 << 62) + 0x9E37_79B9, (1 << 63) - 1],
+    ids=["zero", "one", "lo-all-ones", "lo-high-bit", "both-halves", "max"],
+)
+def test_triton_dropout_bits_equal_common_bitwise(seed: int) -> None:
+    """The kernels' uint32 hash is the torch stream bit for bit, counters past 2**32 included."""
+    torch.manual_seed(seed % 1000)
+    edge = torch.tensor([0, 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**32 + 1, 2**33 + 7, 2**40])
+    counter = torch.cat([edge, torch.randint(0, 2**45, (200,))]).to(DEV)
+    for offset in (0, 2**31 - 1):
+        drop = Dropout(0.3, seed, offset)
+        lo, hi, off, _ = ta._dropout_args(drop)
+        assert all(-(2**31) <= x < 2**31 for x in (lo, hi, off))  # always an i32 argument
+        out = torch.empty_like(counter)
+        _bits_kernel[(triton.cdiv(counter.numel(), 64),)](
+            counter, out, counter.numel(), lo, hi, off, BLOCK=64
+        )
+        assert torch.equal(out, dropout_bits(drop, counter)), (seed, offset)
+
+
+# --------------------------------------------------------------------------- options
+
+# Targets 0 and 4 isolated, 1 with one edge, 2 a hub of 70 in-edges (5 chunks
+# of 16), 5 fully masked in head 0; source 0 a hub of most edges (split in the
+# dk/dv pass); 7 sources, 3 heads, C = 12, Cv = 5: no power of two anywhere.
+OLENS = [0, 1, 70, 3, 0, 9, 2]
+OBLOCKS = dict(block_e=8, split_blocks=2)  # 16-edge chunks
+DROP = Dropout(0.4, seed=(1 << 62) + 0x9E37_79B9, offset=12_345)
+
+
+def _option_inputs(dtype, lens=OLENS, m=7, h=3, c=12, cv=5, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ptr = _ptr(lens)
+    e = int(ptr[-1])
+    hub = torch.rand(e, generator=gen) < 0.6
+    col = torch.where(hub, 0, torch.randint(0, m, (e,), generator=gen)).to(DEV)
+    n = len(lens)
+    q, k, v = (torch.randn(s, h, d, generator=gen) for s, d in ((n, c), (m, c), (m, cv)))
+    b = torch.randn(e, h, generator=gen)
+    vb = torch.randn(e, h, cv, generator=gen)
+    if len(lens) > 5:
+        b[ptr[5] : ptr[6], 0] = float("-inf")
+    q, k, v, b, vb = (t.to(DEV, dtype) for t in (q, k, v, b, vb))
+    return q, k, v, ptr, col, b, vb
+
+
+def _run_options(q, k, v, ptr, col, scale, kw, blocks, ref_dtype):
+    """Triton forward and backward, and the reference's at ``ref_dtype``.
+
+    The reference's backward takes the kernel's ``out``: ``D_i = dout_i . out_i``
+    is then the same on both sides (for half inputs ``out`` is rounded to the
+    input dtype, as FlashAttention's is, and that rounding, times the size of
+    ``dout``, would otherwise dominate every gradient's error).
+    """
+    out, lse = ta.attention_fwd(q, k, v, ptr, col, scale, kw["bias"], **_opts(kw), **blocks)
+    go = torch.randn(out.shape, device=DEV).to(q.dtype)
+    grads = ta.attention_bwd(
+        q, k, v, out, lse, go, ptr, col, scale, kw["bias"], **_opts(kw), **blocks
+    )
+    up = {key: (t.to(ref_dtype) if isinstance(t, torch.Tensor) else t) for key, t in kw.items()}
+    q2, k2, v2, go2 = (t.to(ref_dtype) for t in (q, k, v, go))
+    ro, rl = ref.attention_fwd(q2, k2, v2, ptr, col, scale, up["bias"], **_opts(up))
+    o2 = out.to(ref_dtype)
+    want = ref.attention_bwd(q2, k2, v2, o2, rl, go2, ptr, col, scale, up["bias"], **_opts(up))
+    return (out, lse, grads), (ro, rl, want)
+
+
+def _opts(kw):
+    return dict(value_bias=kw["value_bias"], dropout=kw["dropout"])
+
+
+@pytest.mark.parametrize(
+    "options, logit",
+    [("value_bias", 1.0), ("dropout", 1.0), ("both", 1.0), ("both", 1e3)],
+    ids=["value_bias", "dropout", "both", "both-logits-x1e3"],
+)
+def test_triton_attention_options_match_reference_float64(options: str, logit: float) -> None:
+    q, k, v, ptr, col, b, vb = _option_inputs(torch.float64)
+    kw = dict(
+        bias=b,
+        value_bias=vb if options in ("value_bias", "both") else None,
+        dropout=DROP if options in ("dropout", "both") else None,
+    )
+    scale = logit * 12**-0.5
+    (out, lse, grads), (ro, rl, want) = _run_options(q, k, v, ptr, col, scale, kw, OBLOCKS, q.dtype)
+    torch.testing.assert_close(out, ro, **TOL[torch.float64])
+    torch.testing.assert_close(lse, rl, **TOL[torch.float64])
+    assert (out[0] == 0).all() and (out[4] == 0).all() and lse[4].eq(float("-inf")).all()
+    _close_grads(grads, want, torch.float64, atol=1e-10 * logit)
+    if kw["dropout"] is not None:
+        # Some weights were dropped (else the test would not test dropout).
+        keep = dropout_keep(DROP, col.numel(), 3, torch.device(DEV))
+        assert 0.3 < keep.float().mean() < 0.9
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_triton_attention_options_half_match_float32_reference(dtype: torch.dtype) -> None:
+    """Half inputs against the float32 reference on the same (rounded) inputs: the
+    outputs to TOL[dtype] (one rounding), gradients to TOL[dtype] times their size."""
+    q, k, v, ptr, col, b, vb = _option_inputs(dtype)
+    kw = dict(bias=b, value_bias=vb, dropout=DROP)
+    (out, lse, grads), (ro, rl, want) = _run_options(
+        q, k, v, ptr, col, 12**-0.5, kw, OBLOCKS, torch.float32
+    )
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    _close(out, ro, dtype)
+    fin = torch.isfinite(rl)
+    assert torch.equal(torch.isfinite(lse), fin)
+    torch.testing.assert_close(lse[fin], rl[fin], atol=1e-4, rtol=1e-4)
+    _close_grads(grads, want, dtype)
+
+
+def test_triton_attention_options_on_tiny_and_empty_graphs() -> None:
+    # One node attending to itself.
+    q, k, v, ptr, col, b, vb = _option_inputs(torch.float64, lens=[1], m=1, h=1, c=3, cv=2)
+    kw = dict(bias=b, value_bias=vb, dropout=Dropout(0.5, 3, 0))
+    (out, lse, grads), (ro, rl, want) = _run_options(q, k, v, ptr, col, 0.5, kw, {}, q.dtype)
+    torch.testing.assert_close(out, ro, **TOL[torch.float64])
+    _close_grads(grads, want, torch.float64)
+    # No edges: zero outputs and gradients of the right shapes, lse = -inf.
+    q, k, v, ptr, col, b, vb = _option_inputs(torch.float64, lens=[0, 0, 0], m=2, h=2, c=4, cv=3)
+    kw = dict(bias=b, value_bias=vb, dropout=DROP)
+    out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.5, b, value_bias=vb, dropout=DROP)
+    assert (out == 0).all() and (lse == float("-inf")).all()
+    grads = ta.attention_bwd(q, k, v, out, lse, out + 1, ptr, col, 0.5, b, value_bias=vb)
+    assert [tuple(g.shape) for g in grads] == [(3, 2, 4), (2, 2, 4), (2, 2, 3), (0, 2), (0, 2, 3)]
+    assert all((g == 0).all() for g in grads)
+    # No targets at all.
+    q0 = q[:0]
+    out, lse = ta.attention_fwd(q0, k, v, ptr[:1], col, 0.5)
+    assert out.shape == (0, 2, 3) and lse.shape == (0, 2)
+
+
+def test_triton_attention_zero_head_dims() -> None:
+    """C = 0 (every score 0 plus the bias) and Cv = 0 (an empty output) run the kernels."""
+    q, k, v, ptr, col, b, vb = _option_inputs(torch.float64, lens=[0, 3, 5], m=4, h=2, c=0, cv=3)
+    kw = dict(bias=b, value_bias=vb, dropout=None)
+    (out, lse, grads), (ro, rl, want) = _run_options(q, k, v, ptr, col, 1.0, kw, {}, q.dtype)
+    torch.testing.assert_close(out, ro, **TOL[torch.float64])
+    _close_grads(grads, want, torch.float64)
+    q, k, v, ptr, col, b, vb = _option_inputs(torch.float64, lens=[0, 3, 5], m=4, h=2, c=4, cv=0)
+    kw = dict(bias=b, value_bias=vb, dropout=DROP)
+    (out, lse, grads), (ro, rl, want) = _run_options(q, k, v, ptr, col, 1.0, kw, {}, q.dtype)
+    torch.testing.assert_close(lse, rl, **TOL[torch.float64])
+    _close_grads(grads, want, torch.float64)
+
+
+def test_triton_attention_backward_without_out_recomputes_it() -> None:
+    q, k, v, ptr, col, b, vb = _option_inputs(torch.float64, lens=[2, 0, 20, 5])
+    opts = dict(value_bias=vb, dropout=DROP, **OBLOCKS)
+    out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.3, b, **opts)
+    go = torch.randn_like(out)
+    with_out = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.3, b, **opts)
+    without = ta.attention_bwd(q, k, v, None, lse, go, ptr, col, 0.3, b, **opts)
+    for x, y in zip(with_out, without, strict=True):
+        torch.testing.assert_close(x, y, **TOL[torch.float64])
+
+
+# --------------------------------------------------------------------------- plans
+
+
+def test_triton_plans_give_the_results_of_unplanned_calls() -> None:
+    """A plan of the same chunk gives the same numbers, bit for bit; int32 ids too."""
+    q, k, v, ptr, col, b, vb = _option_inputs(torch.float32)
+    n, m = q.shape[0], k.shape[0]
+    opts = dict(value_bias=vb, dropout=DROP)
+    plan = ta.plan(ptr, col, m, chunk=16)
+    assert isinstance(plan, triton_ops.TritonPlan) and plan.chunk == 16
+    assert plan.chunks.chunk_ptr.diff().max() == 5  # the hub target is split
+    out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.3, b, **opts, **OBLOCKS)
+    got = ta.attention_fwd(q, k, v, ptr, col, 0.3, b, **opts, plan=plan, block_e=8)
+    assert torch.equal(got[0], out) and torch.equal(got[1], lse)
+    go = torch.randn_like(out)
+    want = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.3, b, **opts, **OBLOCKS)
+    # The graph object's int32 transposed CSR, with its plan.
+    csc32 = transpose_csr(ptr, col, m, dtype=torch.int32)
+    plan32 = ta.plan(csc32.ptr, csc32.row, n, chunk=16)
+    grads = ta.attention_bwd(
+        q, k, v, out, lse, go, ptr, col, 0.3, b, **opts, csc=tuple(csc32), plan=plan,
+        csc_plan=plan32, block_e=8,
+    )  # fmt: skip
+    for name, x, y in zip(GRADS, grads, want, strict=True):
+        assert torch.equal(x, y), name
+    # Default plans are the default no-plan calls, int32 sources included.
+    p32 = ta.plan(ptr, col.int(), m)
+    a = ta.attention_fwd(q, k, v, ptr, col.int(), 0.3, b, **opts, plan=p32)
+    assert torch.equal(a[0], ta.attention_fwd(q, k, v, ptr, col, 0.3, b, **opts)[0])
+    # The softmax takes the same plan.
+    x = torch.randn(col.numel(), 3, device=DEV)
+    y = ts.segment_softmax_fwd(x, ptr, plan=plan)
+    _close(y, ref.segment_softmax_fwd(x, ptr), torch.float32)
+    g = torch.randn_like(x)
+    dx = ts.segment_softmax_bwd(y, g, ptr, plan=plan)
+    _close(dx, ref.segment_softmax_bwd(y, g, ptr), torch.float32)
+
+
+def test_triton_plans_are_checked_once_and_must_fit() -> None:
+    q, k, v, ptr, col, b, _ = _option_inputs(torch.float32, lens=[2, 3])
+    m = k.shape[0]
+    with pytest.raises(ValueError, match=r"'col' ids in \[0, 7\)"):
+        ta.plan(ptr, col + 7, m)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        ta.plan(torch.tensor([0, 3, 2], device=DEV), col, m)
+    with pytest.raises(ValueError, match="'chunk'"):
+        ta.plan(ptr, col, m, chunk=0)
+    plan = ta.plan(ptr, col, m)
+    with pytest.raises(ValueError, match="'plan' of a CSR with 2 rows, 5 edges and ids below 7"):
+        ta.attention_fwd(q, k, v, ptr, col, 0.5, plan=ta.plan(ptr, col, m + 1))
+    with pytest.raises(ValueError, match="'split_blocks' or 'plan'"):
+        ta.attention_fwd(q, k, v, ptr, col, 0.5, plan=plan, split_blocks=2)
+    with pytest.raises(TypeError, match="'plan'"):
+        ta.attention_fwd(q, k, v, ptr, col, 0.5, plan=ref.plan(ptr, col, m))
+    out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.5, plan=plan)
+    csc = transpose_csr(ptr, col, m)
+    csc_plan = ta.plan(csc.ptr, csc.row, q.shape[0])
+    with pytest.raises(ValueError, match="'csc' with 'csc_plan'"):
+        ta.attention_bwd(q, k, v, out, lse, out, ptr, col, 0.5, plan=plan, csc_plan=csc_plan)
+    with pytest.raises(ValueError, match="'csc_plan' of a CSR with 7 rows"):
+        ta.attention_bwd(q, k, v, out, lse, out, ptr, col, 0.5, csc=tuple(csc), csc_plan=plan)
+    with pytest.raises(ValueError, match="'value_bias' of shape"):
+        ta.attention_fwd(q, k, v, ptr, col, 0.5, value_bias=b, plan=plan)
+    with pytest.raises(ValueError, match="'dropout'"):
+        ta.attention_fwd(q, k, v, ptr, col, 0.5, dropout=Dropout(1.0, 0, 0), plan=plan)
+    with pytest.raises(ValueError, match="'plan' of a CSR with 1 segments"):
+        ts.segment_softmax_fwd(torch.randn(3, 2, device=DEV), ptr[:2] * 0 + 3, plan=plan)
+
+
+# Everything a call given its plans runs between the checks and the kernels.
+_NO_SYNC = ("_fwd", "_bwd", "_blocks", "_block_e", "_tile", "_scales", "_dropout_args",
+            "_int32_bits", "_check_plan", "_check_inputs", "_check_csc", "_sum_split")  # fmt: skip
+
+
+def test_triton_planned_path_reads_nothing_on_the_host() -> None:
+    """The CPU half of the no-sync check (the CUDA test runs it for real): no
+    function a planned call runs converts a tensor to a Python value."""
+    import ast
+
+    banned_methods = {"item", "tolist", "cpu", "numpy", "nonzero", "any", "all", "unique"}
+    banned_calls = {"int", "bool", "float", "check_ptr", "check_index", "plan", "_plan_now"}
+    for name in _NO_SYNC:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(ta, name))))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if isinstance(f, ast.Attribute):
+                assert f.attr not in banned_methods, (name, ast.unparse(node))
+            elif isinstance(f, ast.Name) and f.id in banned_calls:
+                # float("-inf") is a constant, not a read.
+                constant = all(isinstance(a, ast.Constant) for a in node.args)
+                assert f.id == "float" and constant, (name, ast.unparse(node))
+    # The entry points reach those checks only without plans.
+    for fn in (ta.attention_fwd, ta.attention_bwd):
+        src = inspect.getsource(fn)
+        assert src.count("_plan_now(") == src.count("if plan is None") + src.count(
+            "csc_plan is None"
+        )
+
+
+# --------------------------------------------------------------------------- NaN
+
+
+def test_triton_segment_softmax_nan_propagates_like_the_reference() -> None:
+    x = torch.tensor([[float("nan")], [1.0], [2.0], [0.5], [1.5]], device=DEV)
+    ptr = _ptr([3, 2])
+    y = ts.segment_softmax_fwd(x, ptr)
+    assert torch.isnan(y[:3]).all() and not torch.isnan(y[3:]).any()
+    torch.testing.assert_close(y, ref.segment_softmax_fwd(x, ptr), equal_nan=True)
+    # Across a split: 40 rows in chunks of 16, one NaN in the last chunk, head 1 only.
+    x = torch.randn(43, 2, device=DEV)
+    x[38, 1] = float("nan")
+    ptr = _ptr([40, 3])
+    y = ts.segment_softmax_fwd(x, ptr, block_e=16, split_blocks=1)
+    torch.testing.assert_close(y, ref.segment_softmax_fwd(x, ptr), equal_nan=True)
+    assert torch.isnan(y[:40, 1]).all() and not torch.isnan(y[:, 0]).any()
+    g = torch.randn_like(x)
+    dx = ts.segment_softmax_bwd(y, g, ptr, block_e=16, split_blocks=1)
+    torch.testing.assert_close(dx, ref.segment_softmax_bwd(y, g, ptr), equal_nan=True)
+
+
+def test_triton_attention_nan_propagates_like_the_reference() -> None:
+    """A NaN score (in a split hub too) or value makes the target's output NaN, never finite."""
+    q, k, v, ptr, col, b, vb = _option_inputs(torch.float64)
+    b[ptr[2] + 40, 1] = float("nan")  # the hub target, head 1, in its third chunk
+    b[ptr[3], 2] = float("nan")  # target 3, head 2
+    v[6, 0, 1] = float("nan")  # a value, head 0
+    kw = dict(bias=b, value_bias=vb, dropout=DROP)
+    (out, lse, grads), (ro, rl, want) = _run_options(q, k, v, ptr, col, 0.4, kw, OBLOCKS, q.dtype)
+    assert torch.isnan(out[2, 1]).all() and torch.isnan(lse[2, 1]) and torch.isnan(out[3, 2]).all()
+    torch.testing.assert_close(out, ro, **TOL[torch.float64], equal_nan=True)
+    torch.testing.assert_close(lse, rl, **TOL[torch.float64], equal_nan=True)
+    for name, x, y in zip(GRADS, grads, want, strict=True):
+        torch.testing.assert_close(x, y, **TOL[torch.float64], equal_nan=True, msg=name)
 
 
 # --------------------------------------------------------------------------- compiled for a GPU
@@ -418,14 +745,15 @@ _COMPILE = textwrap.dedent(
         soft = dict(ACC=acc, BLOCK_E=256, BLOCK_H=8, CHUNK=2048)
         att = dict(ACC=acc, BLOCK_E=8, BLOCK_H=8, BLOCK_C=32, BLOCK_CV=64, CHUNK=256,
                    H=8, C=24, CV=64)
+        every = dict(att, HAS_BIAS=True, HAS_VB=True, HAS_DROPOUT=True)
+        none = dict(att, HAS_BIAS=False, HAS_VB=False, HAS_DROPOUT=False)
         jobs = [
             (ts._softmax_fwd_chunk, dict(soft, SLOTS=2)), (ts._softmax_fwd_split, soft),
             (ts._softmax_bwd_chunk, dict(soft, SLOTS=1)), (ts._softmax_bwd_split, soft),
             (ts._softmax_combine, dict(ACC=acc, BLOCK_H=8, IS_MAX=True)),
-            (ta._attn_fwd, dict(att, HAS_BIAS=True)), (ta._attn_fwd, dict(att, HAS_BIAS=False)),
+            (ta._attn_fwd, every), (ta._attn_fwd, none),
             (ta._attn_fwd_combine, dict(ACC=acc, BLOCK_H=8, BLOCK_CV=64, H=8, CV=64)),
-            (ta._attn_bwd_dq, dict(att, HAS_BIAS=True)),
-            (ta._attn_bwd_dkdv, dict(att, HAS_BIAS=True)),
+            (ta._attn_bwd_dq, every), (ta._attn_bwd_dkdv, every), (ta._attn_bwd_dkdv, none),
             (ta._sum_split_rows, dict(ACC=acc, W=192, SCALED=True, BLOCK_W=256)),
         ]
         for fn, consts in jobs:
@@ -433,6 +761,11 @@ _COMPILE = textwrap.dedent(
                             constexprs=consts)
             compiled = triton.compile(src, target=target)
             assert "cubin" in compiled.asm, fn
+            if consts.get("HAS_DROPOUT"):
+                # The hash multiplies by uint32 constants built from int32 bit
+                # patterns: never an int64 constant (the product would be int64).
+                ttir = compiled.asm["ttir"]
+                assert "<-2073254261>" in ttir and "2221713035" not in ttir, fn
             if dt == "fp64":
                 # No fp32 scalar may reach a float64 kernel (it would round).
                 head = re.search(r"tt\.func public @\w+\(([^)]*)\)", compiled.asm["ttir"])
@@ -456,7 +789,7 @@ def test_triton_kernels_compile_for_sm90() -> None:
         [sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=300
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "compiled 33" in res.stdout
+    assert "compiled 36" in res.stdout
 
 
 # --------------------------------------------------------------------------- on a GPU
@@ -498,3 +831,58 @@ def test_triton_cuda_attention_large(dtype: torch.dtype, c: int) -> None:
     torch.manual_seed(2)
     lens = [0, 1, 17, 3000, *torch.randint(0, 48, (4000,)).tolist()]
     _check_attention(lens, 3000, 4, c, c, dtype, True)
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_triton_cuda_planned_calls_never_sync() -> None:
+    """Given plans, forward, backward and softmax run under sync debug mode "error";
+    a new dropout seed compiles nothing."""
+    torch.manual_seed(3)
+    lens = [0, 1, 700, *torch.randint(0, 40, (3000,)).tolist()]
+    q, k, v, ptr, col, b, vb = _option_inputs(torch.bfloat16, lens=lens, m=2000, h=4, c=64, cv=64)
+    n, m = q.shape[0], k.shape[0]
+    csc = transpose_csr(ptr, col, m)
+    plan, csc_plan = ta.plan(ptr, col, m), ta.plan(csc.ptr, csc.row, n)
+    x = torch.randn(col.numel(), 4, device=DEV)
+
+    def step(seed: int) -> None:
+        drop = Dropout(0.1, seed, 0)
+        opts = dict(value_bias=vb, dropout=drop, plan=plan)
+        out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.125, b, **opts)
+        ta.attention_bwd(
+            q, k, v, out, lse, torch.ones_like(out), ptr, col, 0.125, b, **opts,
+            csc=tuple(csc), csc_plan=csc_plan,
+        )  # fmt: skip
+        y = ts.segment_softmax_fwd(x, ptr, plan=plan)
+        ts.segment_softmax_bwd(y, x, ptr, plan=plan)
+
+    step(1)  # compiles
+    torch.cuda.synchronize()
+    kernels = (ta._attn_fwd, ta._attn_bwd_dq, ta._attn_bwd_dkdv)
+    compiled = [sum(len(c[0]) for c in fn.device_caches.values()) for fn in kernels]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step((1 << 62) + 0x9E37_79B9)  # another seed: both halves, high bits set
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert [sum(len(c[0]) for c in fn.device_caches.values()) for fn in kernels] == compiled
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_cuda_attention_options_large(dtype: torch.dtype) -> None:
+    torch.manual_seed(4)
+    lens = [0, 1, 17, 3000, *torch.randint(0, 48, (4000,)).tolist()]
+    q, k, v, ptr, col, b, vb = _option_inputs(dtype, lens=lens, m=3000, h=4, c=64, cv=64)
+    kw = dict(bias=b, value_bias=vb, dropout=DROP)
+    (out, lse, grads), (ro, rl, want) = _run_options(
+        q, k, v, ptr, col, 0.125, kw, {}, torch.float32
+    )
+    _close(out, ro, dtype)
+    # float32 gradients: sums over a 3000-edge hub, a few ulps of their size each.
+    _close_grads(
+        grads, want, dtype, **(dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else {})
+    )

@@ -11,21 +11,48 @@ segment that has only one finishes its segment in place; the chunks of a
 segment (linear in the number of chunks) before, for the softmax, a last pass
 over the split chunks only.
 
-Everything here is torch on the device and never copies to the host: grid
+:func:`chunk_plan` is torch on the device and never copies to the host: grid
 sizes are upper bounds known from ``N`` and ``E`` alone (``N + E // CHUNK``
 slots; at most ``2 * (E // CHUNK)`` chunks belong to split segments, since a
 segment longer than ``CHUNK`` has at most twice ``L // CHUNK`` chunks), and
 slots past the real work carry a sentinel the kernels skip.
+
+:func:`plan` is what a graph keeps per CSR: the checks (made here, once, with
+host synchronisations) and the chunk plan. Its chunk size depends on nothing
+but the graph (not on the head count, the head dims or the dtype), so one
+plan per CSR serves every layer and every call. :func:`chunk_range` is the
+kernels' common prologue: from a slot, its segment and edge range.
 """
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
+import triton
+import triton.language as tl
 from torch import Tensor
 
-__all__ = ["ChunkPlan", "chunk_plan"]
+from .common import acc_dtype, check_index, check_ptr
+
+__all__ = [
+    "DEFAULT_CHUNK",
+    "ChunkPlan",
+    "TritonPlan",
+    "acc_tl",
+    "check_grid",
+    "chunk_plan",
+    "chunk_range",
+    "plan",
+]
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+#: Edges per chunk of a plan made without ``chunk=``: typical targets finish
+#: in one program, hubs are spread over many. 64 under the interpreter, which
+#: pays per op, so that the tests' small graphs still split.
+DEFAULT_CHUNK = 64 if _INTERPRET else 256
 
 
 class ChunkPlan(NamedTuple):
@@ -87,3 +114,102 @@ def chunk_plan(ptr: Tensor, num_edges: int, chunk: int, slots_per_program: int =
     split = torch.full((split_grid + 1,), grid, dtype=torch.int64, device=dev)
     split.scatter_(0, dest, slots)
     return ChunkPlan(chunk_ptr, chunk_seg, grid, split[:split_grid], rank, split_grid)
+
+
+def check_grid(slots: int) -> None:
+    """Raise unless a launch of ``slots`` programs fits the grid's first axis."""
+    if slots >= 2**31:
+        raise ValueError(
+            f"Expected fewer than 2**31 work slots (segments + edges / chunk), got {slots}; "
+            f"pass a larger chunk"
+        )
+
+
+class TritonPlan(NamedTuple):
+    """A checked CSR and its chunk plan: what the Triton kernels need per graph.
+
+    Made by :func:`plan`, once per graph and layout (the destination CSR, or
+    the transposed one for the ``dk``/``dv`` pass); it depends on nothing
+    else, so a caller keys it on the CSR alone.
+
+    Attributes:
+        ptr: ``[N + 1]`` int64 CSR pointers, contiguous.
+        col: ``[E]`` int32 or int64 column ids, contiguous, in ``[0, num_cols)``.
+        num_cols: the bound the ids were checked against.
+        chunk: the most edges one program walks.
+        chunks: the cut (:func:`chunk_plan` with ``chunk``).
+    """
+
+    ptr: Tensor
+    col: Tensor
+    num_cols: int
+    chunk: int
+    chunks: ChunkPlan
+
+    @property
+    def num_rows(self) -> int:
+        return self.ptr.numel() - 1
+
+    @property
+    def num_edges(self) -> int:
+        return self.col.numel()
+
+
+def plan(ptr: Tensor, col: Tensor, num_cols: int, *, chunk: int | None = None) -> TritonPlan:
+    """Check a CSR once and cut it into chunks for the kernels.
+
+    The only function here that reads index values on the host (the checks
+    of :func:`~gnnattn.kernels.common.check_ptr` and
+    :func:`~gnnattn.kernels.common.check_index`); the kernels given its
+    result check shapes alone.
+
+    Args:
+        ptr: ``[N + 1]`` int64 CSR pointers.
+        col: ``[E]`` int32 or int64 column ids (sources; targets for the
+            transposed CSR).
+        num_cols: ids must be in ``[0, num_cols)``.
+        chunk: the most edges one program walks (default
+            :data:`DEFAULT_CHUNK`); the same for every head count and dtype.
+
+    Raises:
+        TypeError, ValueError: on a malformed ``ptr`` or ids out of range.
+
+    Example:
+        >>> p = plan(torch.tensor([0, 2, 2, 3]), torch.tensor([1, 0, 1]), 2, chunk=4)
+        >>> p.num_rows, p.num_edges, p.chunks.grid
+        (3, 3, 3)
+    """
+    check_index(col, num_cols)
+    check_ptr(ptr, col.numel())
+    if col.device != ptr.device:
+        raise ValueError(f"Expected 'col' on the device of 'ptr' ({ptr.device}), got {col.device}")
+    chunk = DEFAULT_CHUNK if chunk is None else chunk
+    if not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"Expected 'chunk' a positive int, got {chunk!r}")
+    ptr, col = ptr.contiguous(), col.contiguous()
+    chunks = chunk_plan(ptr, col.numel(), chunk)
+    check_grid(chunks.grid)
+    return TritonPlan(ptr, col, int(num_cols), chunk, chunks)
+
+
+def acc_tl(dtype: torch.dtype) -> tl.dtype:
+    """The Triton twin of :func:`~gnnattn.kernels.common.acc_dtype`."""
+    return tl.float64 if acc_dtype(dtype) == torch.float64 else tl.float32
+
+
+@triton.jit
+def chunk_range(slot, n_slots, ptr_ptr, chunk_ptr_ptr, chunk_seg_ptr, n_seg, CHUNK: tl.constexpr):
+    """The prologue of every chunk walk: the slot's segment, edge range and split flag.
+
+    Returns ``(seg, start, end, split)``: the segment (``n_seg`` for a slot
+    past the work, which the caller skips), its edges ``start:end`` (at most
+    ``CHUNK``) and whether the segment has more than one chunk. Slots at or
+    past ``n_slots`` read as sentinels; the loads stay in bounds for them.
+    """
+    seg = tl.load(chunk_seg_ptr + slot, mask=slot < n_slots, other=n_seg)
+    s = tl.minimum(seg, n_seg - 1)  # a sentinel's reads stay in bounds (unused)
+    c0 = tl.load(chunk_ptr_ptr + s)
+    split = tl.load(chunk_ptr_ptr + s + 1) - c0 > 1
+    start = tl.load(ptr_ptr + s) + (slot - c0) * CHUNK
+    end = tl.minimum(start + CHUNK, tl.load(ptr_ptr + s + 1))
+    return seg, start, end, split

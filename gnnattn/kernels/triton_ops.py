@@ -1,13 +1,16 @@
 """The Triton kernels behind :func:`gnnattn.kernels.get` for CUDA devices.
 
-Exactly the four functions of :mod:`gnnattn.kernels.reference`, with the same
-signatures and return conventions, implemented by
-:mod:`gnnattn.kernels.triton_softmax` (segment softmax) and
-:mod:`gnnattn.kernels.triton_attention` (fused sparse attention). Two
-differences the reference leaves open: ``attention_fwd`` returns ``lse`` in
-float32 (float64 for float64 inputs) whatever the input dtype, and the
-softmax reduces half-precision inputs in float32, so float16/bfloat16 results
-are the float32 ones rounded once.
+The functions of :mod:`gnnattn.kernels.reference`, with the same signatures
+and return conventions, implemented by :mod:`gnnattn.kernels.triton_softmax`
+(segment softmax) and :mod:`gnnattn.kernels.triton_attention` (fused sparse
+attention, with score bias, value bias and dropout), and :func:`plan`
+(:func:`gnnattn.kernels.chunks.plan`): the checked, chunked CSR that a graph
+keeps and passes as ``plan=`` / ``csc_plan=``, so that a call makes no host
+synchronisation. A plan depends on the CSR alone (not on head counts, head
+dims or dtypes). Two differences the reference leaves open:
+``attention_fwd`` returns ``lse`` in float32 (float64 for float64 inputs)
+whatever the input dtype, and the softmax reduces half-precision inputs in
+float32, so float16/bfloat16 results are the float32 ones rounded once.
 
 They also run on CPU tensors when ``TRITON_INTERPRET=1`` is set before this
 module is imported (that is how the tests run them without a GPU). Tested
@@ -16,7 +19,15 @@ under ``TRITON_INTERPRET=1`` on CPU; not yet run on a GPU.
 
 from __future__ import annotations
 
+from .chunks import TritonPlan, plan
 from .triton_attention import attention_bwd, attention_fwd
 from .triton_softmax import segment_softmax_bwd, segment_softmax_fwd
 
-__all__ = ["attention_bwd", "attention_fwd", "segment_softmax_bwd", "segment_softmax_fwd"]
+__all__ = [
+    "TritonPlan",
+    "attention_bwd",
+    "attention_fwd",
+    "plan",
+    "segment_softmax_bwd",
+    "segment_softmax_fwd",
+]

@@ -10,7 +10,8 @@ Work split across programs
 --------------------------
 Every segment (the incoming edges of one target) is cut into chunks of at
 most ``CHUNK = BLOCK_E * SPLIT_BLOCKS`` edges by
-:func:`gnnattn.kernels.chunks.chunk_plan`; one chunk is one grid slot, so a
+:func:`gnnattn.kernels.chunks.chunk_plan` (or of the ``chunk`` of a ``plan=``
+from :func:`gnnattn.kernels.chunks.plan`, made once per graph); one chunk is one grid slot, so a
 hub of a power-law graph is spread over many programs instead of serialising
 the launch. A program takes ``SLOTS`` consecutive slots (several small
 segments per program, so each moves about 2K elements; one under the
@@ -46,6 +47,10 @@ Masks
   then shift by 0 instead of by the max, as the reference does (``-inf - -inf``
   would be NaN), so every ``exp`` is 0, the sum is 0 and the division is by 1:
   all-zero weights and gradients, never NaN.
+* NaN: only a sum that *equals* 0 is replaced by 1 (``s == 0``, not
+  ``s > 0``, which a NaN sum fails): a NaN score makes its segment's sum NaN
+  and every weight of that segment NaN, as in
+  :func:`~gnnattn.kernels.reference.segment_softmax`.
 
 All offsets are int64 (``ptr`` is int64 and the program id is widened before
 use), so ``E * H`` may pass ``2**31``.
@@ -71,16 +76,16 @@ Tested under ``TRITON_INTERPRET=1`` on CPU against the reference (split and
 unsplit segments, all ``-inf`` across a split, fp16 logits near 6e4); the
 tests also compile every kernel for sm_90 offline (that they lower, and that
 no float32 scalar reaches a float64 kernel). Not yet run on a GPU: ``.ci/gpu``
-is the probe for the first run. The host entry points check ``ptr`` (from 0
-to ``E``, non-decreasing) before any launch, since compiled kernels do not
-bounds-check.
+is the probe for the first run. Compiled kernels do not bounds-check: without
+a ``plan=`` the host entry points check ``ptr`` (from 0 to ``E``,
+non-decreasing; a host synchronisation) before any launch; with one they
+check shapes only and never synchronise.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import time
 from typing import NamedTuple
 
 import torch
@@ -88,14 +93,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .chunks import chunk_plan
+from .chunks import ChunkPlan, TritonPlan, acc_tl, chunk_plan, chunk_range
+from .common import acc_dtype, check_ptr
 
-__all__ = [
-    "bench_segment_softmax_bandwidth",
-    "check_ptr",
-    "segment_softmax_bwd",
-    "segment_softmax_fwd",
-]
+__all__ = ["segment_softmax_bwd", "segment_softmax_fwd"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -111,6 +112,7 @@ def _softmax_fwd_chunk(
     part_m_ptr,  # [S, H] partial max of split chunks, by rank
     part_s_ptr,  # [S, H] partial sum, relative to the partial max
     n_seg,
+    n_slots,  # G
     H,
     ACC: tl.constexpr,  # accumulation dtype (float32, or float64 for float64 inputs)
     BLOCK_E: tl.constexpr,
@@ -122,13 +124,10 @@ def _softmax_fwd_chunk(
     hmask = heads < H  # the head padding of BLOCK_H
     for t in tl.static_range(SLOTS):
         c = tl.program_id(0).to(tl.int64) * SLOTS + t
-        seg = tl.load(chunk_seg_ptr + c)
+        seg, start, end, split = chunk_range(
+            c, n_slots, ptr_ptr, chunk_ptr_ptr, chunk_seg_ptr, n_seg, CHUNK
+        )
         if seg < n_seg:  # grid slots past the last chunk do nothing
-            c0 = tl.load(chunk_ptr_ptr + seg)
-            n_chunks = tl.load(chunk_ptr_ptr + seg + 1) - c0
-            start = tl.load(ptr_ptr + seg) + (c - c0) * CHUNK
-            end = tl.minimum(start + CHUNK, tl.load(ptr_ptr + seg + 1))
-
             # First tile, kept in registers: a chunk of at most BLOCK_E rows is
             # read from memory exactly once.
             rows0 = start + tl.arange(0, BLOCK_E)
@@ -153,9 +152,15 @@ def _softmax_fwd_chunk(
                 m = m_new
                 b += BLOCK_E
 
-            if n_chunks == 1:
-                # The whole segment is here: normalise and write.
-                inv = 1.0 / tl.where(s > 0, s, 1.0)  # s == 0: every exp is 0 already
+            if split:
+                # A split segment: leave the partials for the combine kernel.
+                r = tl.load(rank_ptr + c)
+                tl.store(part_m_ptr + r * H + heads, m, mask=hmask)
+                tl.store(part_s_ptr + r * H + heads, s, mask=hmask)
+            else:
+                # The whole segment is here: normalise and write. Only a zero
+                # sum (every exp 0) is replaced: a NaN sum stays NaN.
+                inv = 1.0 / tl.where(s == 0, 1.0, s)
                 y0 = tl.exp(x0 - m_safe[None, :]) * inv[None, :]
                 tl.store(y_ptr + offs0, y0.to(y_ptr.dtype.element_ty), mask=mask0)
                 b = start + BLOCK_E
@@ -167,11 +172,6 @@ def _softmax_fwd_chunk(
                     y = tl.exp(x - m_safe[None, :]) * inv[None, :]
                     tl.store(y_ptr + o, y.to(y_ptr.dtype.element_ty), mask=mask)
                     b += BLOCK_E
-            else:
-                # A split segment: leave the partials for the combine kernel.
-                r = tl.load(rank_ptr + c)
-                tl.store(part_m_ptr + r * H + heads, m, mask=hmask)
-                tl.store(part_s_ptr + r * H + heads, s, mask=hmask)
 
 
 @triton.jit
@@ -240,6 +240,7 @@ def _softmax_fwd_split(
     rank_ptr,
     part_m_ptr,
     part_s_ptr,
+    n_seg,
     n_slots,
     H,
     ACC: tl.constexpr,
@@ -250,16 +251,15 @@ def _softmax_fwd_split(
     """Normalise one chunk of a split segment with the segment's combined (max, sum)."""
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H
-    c = tl.load(split_ptr + tl.program_id(0))
-    if c < n_slots:
-        seg = tl.load(chunk_seg_ptr + c)
-        c0 = tl.load(chunk_ptr_ptr + seg)
-        r0 = tl.load(rank_ptr + c0)
+    c = tl.load(split_ptr + tl.program_id(0))  # the sentinel n_slots past the list
+    seg, start, end, _ = chunk_range(
+        c, n_slots, ptr_ptr, chunk_ptr_ptr, chunk_seg_ptr, n_seg, CHUNK
+    )
+    if seg < n_seg:
+        r0 = tl.load(rank_ptr + tl.load(chunk_ptr_ptr + seg))  # the segment's first chunk
         m_safe = tl.load(part_m_ptr + r0 * H + heads, mask=hmask, other=0.0)
         s = tl.load(part_s_ptr + r0 * H + heads, mask=hmask, other=1.0)
-        inv = 1.0 / tl.where(s > 0, s, 1.0)
-        start = tl.load(ptr_ptr + seg) + (c - c0) * CHUNK
-        end = tl.minimum(start + CHUNK, tl.load(ptr_ptr + seg + 1))
+        inv = 1.0 / tl.where(s == 0, 1.0, s)  # a NaN sum stays NaN
         b = start
         while b < end:
             rows = b + tl.arange(0, BLOCK_E)
@@ -282,6 +282,7 @@ def _softmax_bwd_chunk(
     rank_ptr,
     part_d_ptr,  # [S, H] partial sum(g * y) of split chunks, by rank
     n_seg,
+    n_slots,
     H,
     ACC: tl.constexpr,
     BLOCK_E: tl.constexpr,
@@ -293,13 +294,10 @@ def _softmax_bwd_chunk(
     hmask = heads < H
     for t in tl.static_range(SLOTS):
         c = tl.program_id(0).to(tl.int64) * SLOTS + t
-        seg = tl.load(chunk_seg_ptr + c)
+        seg, start, end, split = chunk_range(
+            c, n_slots, ptr_ptr, chunk_ptr_ptr, chunk_seg_ptr, n_seg, CHUNK
+        )
         if seg < n_seg:
-            c0 = tl.load(chunk_ptr_ptr + seg)
-            n_chunks = tl.load(chunk_ptr_ptr + seg + 1) - c0
-            start = tl.load(ptr_ptr + seg) + (c - c0) * CHUNK
-            end = tl.minimum(start + CHUNK, tl.load(ptr_ptr + seg + 1))
-
             rows0 = start + tl.arange(0, BLOCK_E)
             mask0 = (rows0 < end)[:, None] & hmask[None, :]
             offs0 = rows0[:, None] * H + heads[None, :]
@@ -317,7 +315,10 @@ def _softmax_bwd_chunk(
                 d += tl.sum(y * g, 0)
                 b += BLOCK_E
 
-            if n_chunks == 1:
+            if split:
+                r = tl.load(rank_ptr + c)
+                tl.store(part_d_ptr + r * H + heads, d, mask=hmask)
+            else:
                 dx0 = y0 * (g0 - d[None, :])
                 tl.store(dx_ptr + offs0, dx0.to(dx_ptr.dtype.element_ty), mask=mask0)
                 b = start + BLOCK_E
@@ -330,9 +331,6 @@ def _softmax_bwd_chunk(
                     dx = y * (g - d[None, :])
                     tl.store(dx_ptr + o, dx.to(dx_ptr.dtype.element_ty), mask=mask)
                     b += BLOCK_E
-            else:
-                r = tl.load(rank_ptr + c)
-                tl.store(part_d_ptr + r * H + heads, d, mask=hmask)
 
 
 @triton.jit
@@ -346,6 +344,7 @@ def _softmax_bwd_split(
     chunk_seg_ptr,
     rank_ptr,
     part_d_ptr,
+    n_seg,
     n_slots,
     H,
     ACC: tl.constexpr,
@@ -356,13 +355,12 @@ def _softmax_bwd_split(
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H
     c = tl.load(split_ptr + tl.program_id(0))
-    if c < n_slots:
-        seg = tl.load(chunk_seg_ptr + c)
-        c0 = tl.load(chunk_ptr_ptr + seg)
-        r0 = tl.load(rank_ptr + c0)
+    seg, start, end, _ = chunk_range(
+        c, n_slots, ptr_ptr, chunk_ptr_ptr, chunk_seg_ptr, n_seg, CHUNK
+    )
+    if seg < n_seg:
+        r0 = tl.load(rank_ptr + tl.load(chunk_ptr_ptr + seg))
         d = tl.load(part_d_ptr + r0 * H + heads, mask=hmask, other=0.0)
-        start = tl.load(ptr_ptr + seg) + (c - c0) * CHUNK
-        end = tl.minimum(start + CHUNK, tl.load(ptr_ptr + seg + 1))
         b = start
         while b < end:
             rows = b + tl.arange(0, BLOCK_E)
@@ -377,14 +375,6 @@ def _softmax_bwd_split(
 # --------------------------------------------------------------------------- host side
 
 
-def _acc(dtype: torch.dtype) -> tl.dtype:
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
-def _acc_torch(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 class _Blocks(NamedTuple):
     block_e: int
     block_h: int
@@ -393,17 +383,31 @@ class _Blocks(NamedTuple):
     num_warps: int
 
 
-def _blocks(e: int, n: int, h: int, block_e: int | None, split_blocks: int | None) -> _Blocks:
+def _blocks(
+    e: int,
+    n: int,
+    h: int,
+    block_e: int | None,
+    split_blocks: int | None,
+    chunk: int | None = None,
+) -> _Blocks:
+    """Tile sizes; the chunk is ``block_e * split_blocks``, or a plan's ``chunk``."""
     block_h = min(triton.next_power_of_2(max(h, 1)), 16)
     if block_e is None:
         # One tile per typical segment: the mean degree, rounded up to a power
         # of two, within [16, 2048 // BLOCK_H] rows (32 under the interpreter,
-        # which pays per program and per op rather than per lane).
+        # which pays per program and per op rather than per lane), and no
+        # longer than a plan's chunk.
         cap = 32 if _INTERPRET else max(16, 2048 // block_h)
+        if chunk is not None:
+            cap = min(cap, max(16, triton.next_power_of_2(chunk)))
         block_e = min(max(triton.next_power_of_2(max(1, -(-e // max(n, 1)))), 16), cap)
-    if split_blocks is None:
-        split_blocks = 8
-    if block_e < 1 or block_e & (block_e - 1) or split_blocks < 1:
+    if chunk is None:
+        split_blocks = 8 if split_blocks is None else split_blocks
+        chunk = block_e * split_blocks
+    elif split_blocks is not None:
+        raise ValueError("Expected 'split_blocks' or 'plan', not both: the plan fixes the chunk")
+    if block_e < 1 or block_e & (block_e - 1) or chunk < 1:
         raise ValueError(
             f"Expected 'block_e' a power of two and 'split_blocks' >= 1, "
             f"got {block_e} and {split_blocks}"
@@ -414,10 +418,11 @@ def _blocks(e: int, n: int, h: int, block_e: int | None, split_blocks: int | Non
     # interpreter. Warps sized to the tile: 256 elements per warp, 1 to 8.
     slots = 1 if _INTERPRET else max(1, min(16, 2048 // tile))
     num_warps = max(1, min(8, tile // 256))
-    return _Blocks(block_e, block_h, block_e * split_blocks, slots, num_warps)
+    return _Blocks(block_e, block_h, chunk, slots, num_warps)
 
 
-def _check(src: Tensor, ptr: Tensor, name: str = "src") -> None:
+def _check(src: Tensor, ptr: Tensor, name: str, plan: TritonPlan | None) -> None:
+    """Shapes, dtypes and devices (metadata only); ``ptr``'s values too without a plan."""
     if src.dim() < 1:
         raise ValueError(f"Expected '{name}' of shape [E] or [E, H], got {list(src.shape)}")
     if ptr.dim() != 1 or ptr.dtype != torch.int64:
@@ -428,24 +433,19 @@ def _check(src: Tensor, ptr: Tensor, name: str = "src") -> None:
         raise ValueError(
             f"Expected 'ptr' on the device of '{name}' ({src.device}), got {ptr.device}"
         )
-    check_ptr(ptr, src.shape[0])
-
-
-def check_ptr(ptr: Tensor, num_edges: int, name: str = "ptr") -> None:
-    """Raise unless ``ptr`` runs from 0 to ``num_edges`` without going down.
-
-    A compiled kernel does not bounds-check: a bad pointer would read out of
-    bounds silently on a GPU. One pass over ``N`` and one host sync.
-    """
-    if ptr.numel() < 1:
-        raise ValueError(f"Expected '{name}' of shape [N + 1], got {list(ptr.shape)}")
-    first, last = ptr[0], ptr[-1]
-    bad_order = (ptr.diff() < 0).any() if ptr.numel() > 1 else torch.zeros((), dtype=torch.bool)
-    first_i, last_i, bad = (int(v) for v in torch.stack([first, last, bad_order.long()]).tolist())
-    if first_i != 0 or last_i != num_edges or bad:
+    if plan is None:
+        check_ptr(ptr, src.shape[0])  # reads ptr: one host synchronisation
+        return
+    if not isinstance(plan, TritonPlan):
+        raise TypeError(f"Expected 'plan' from gnnattn.kernels.chunks.plan, got {type(plan)}")
+    if (plan.num_rows, plan.num_edges) != (ptr.numel() - 1, src.shape[0]):
         raise ValueError(
-            f"Expected '{name}' non-decreasing from 0 to the number of edges {num_edges}, "
-            f"got {first_i} ... {last_i}"
+            f"Expected 'plan' of a CSR with {ptr.numel() - 1} segments and {src.shape[0]} "
+            f"edges, got {plan.num_rows} and {plan.num_edges}"
+        )
+    if plan.ptr.device != src.device:
+        raise ValueError(
+            f"Expected 'plan' on the device of '{name}' ({src.device}), got {plan.ptr.device}"
         )
 
 
@@ -453,17 +453,43 @@ def _as_2d(t: Tensor) -> Tensor:
     return t.reshape(t.shape[0], math.prod(t.shape[1:])).contiguous()
 
 
+def _work(
+    ptr: Tensor,
+    e: int,
+    h: int,
+    plan: TritonPlan | None,
+    block_e: int | None,
+    split_blocks: int | None,
+) -> tuple[_Blocks, Tensor, ChunkPlan]:
+    """Blocks, pointers and chunks: the plan's, or made now (no host sync either way)."""
+    n = ptr.numel() - 1
+    if plan is None:
+        blk = _blocks(e, n, h, block_e, split_blocks)
+        ptr = ptr.contiguous()
+        return blk, ptr, chunk_plan(ptr, e, blk.chunk, blk.slots)
+    blk = _blocks(e, n, h, block_e, split_blocks, plan.chunk)
+    return blk, plan.ptr, plan.chunks
+
+
 def segment_softmax_fwd(
-    src: Tensor, ptr: Tensor, *, block_e: int | None = None, split_blocks: int | None = None
+    src: Tensor,
+    ptr: Tensor,
+    *,
+    plan: TritonPlan | None = None,
+    block_e: int | None = None,
+    split_blocks: int | None = None,
 ) -> Tensor:
     """Stable softmax of ``src`` ``[E, H]`` within each CSR segment of ``ptr``.
 
     Args:
         src: ``[E]``, ``[E, H]`` (or ``[E, ...]``, flattened to ``[E, H]``) scores.
         ptr: ``[N + 1]`` int64 CSR pointers; ``ptr[-1]`` must be ``E``.
+        plan: :func:`gnnattn.kernels.chunks.plan` of this CSR: then ``ptr``
+            is not read on the host (no synchronisation) and the plan's
+            chunks are used.
         block_e: rows per tile (a power of two); default from the mean degree.
         split_blocks: a segment longer than ``block_e * split_blocks`` edges is
-            split across programs (default 8).
+            split across programs (default 8; not with ``plan``).
 
     Returns:
         The weights, shaped and typed like ``src``.
@@ -471,34 +497,32 @@ def segment_softmax_fwd(
     Raises:
         ValueError: when ``ptr`` does not describe ``E`` edges.
     """
-    _check(src, ptr)
+    _check(src, ptr, "src", plan)
     x = _as_2d(src)
     e, h = x.shape
     n = ptr.numel() - 1
     y = torch.empty_like(x)
     if e == 0 or h == 0 or n <= 0:
         return y.view_as(src)
-    blk = _blocks(e, n, h, block_e, split_blocks)
-    ptr = ptr.contiguous()
-    plan = chunk_plan(ptr, e, blk.chunk, blk.slots)
-    acc_t = _acc_torch(x.dtype)
-    part_m = torch.empty((plan.split_grid, h), dtype=acc_t, device=x.device)
+    blk, ptr, chunks = _work(ptr, e, h, plan, block_e, split_blocks)
+    acc_t = acc_dtype(x.dtype)
+    part_m = torch.empty((chunks.split_grid, h), dtype=acc_t, device=x.device)
     part_s = torch.empty_like(part_m)
     heads = triton.cdiv(h, blk.block_h)
-    meta = dict(ACC=_acc(x.dtype), BLOCK_E=blk.block_e, BLOCK_H=blk.block_h)
-    _softmax_fwd_chunk[(plan.grid // blk.slots, heads)](
-        x, y, ptr, plan.chunk_ptr, plan.chunk_seg, plan.rank, part_m, part_s, n, h,
-        CHUNK=blk.chunk, SLOTS=blk.slots, num_warps=blk.num_warps, **meta,
+    meta = dict(ACC=acc_tl(x.dtype), BLOCK_E=blk.block_e, BLOCK_H=blk.block_h)
+    _softmax_fwd_chunk[(triton.cdiv(chunks.grid, blk.slots), heads)](
+        x, y, ptr, chunks.chunk_ptr, chunks.chunk_seg, chunks.rank, part_m, part_s, n,
+        chunks.grid, h, CHUNK=blk.chunk, SLOTS=blk.slots, num_warps=blk.num_warps, **meta,
     )  # fmt: skip
     if e > blk.chunk:  # otherwise no segment can have two chunks
-        split = (plan.split_grid, heads)
+        split = (chunks.split_grid, heads)
         _softmax_combine[split](
-            plan.split, plan.chunk_ptr, plan.chunk_seg, plan.rank, part_m, part_s,
-            plan.grid, h, IS_MAX=True, ACC=meta["ACC"], BLOCK_H=blk.block_h,
+            chunks.split, chunks.chunk_ptr, chunks.chunk_seg, chunks.rank, part_m, part_s,
+            chunks.grid, h, IS_MAX=True, ACC=meta["ACC"], BLOCK_H=blk.block_h,
         )  # fmt: skip
         _softmax_fwd_split[split](
-            x, y, ptr, plan.split, plan.chunk_ptr, plan.chunk_seg, plan.rank, part_m, part_s,
-            plan.grid, h, CHUNK=blk.chunk, num_warps=blk.num_warps, **meta,
+            x, y, ptr, chunks.split, chunks.chunk_ptr, chunks.chunk_seg, chunks.rank, part_m,
+            part_s, n, chunks.grid, h, CHUNK=blk.chunk, num_warps=blk.num_warps, **meta,
         )  # fmt: skip
     return y.view_as(src)
 
@@ -508,6 +532,7 @@ def segment_softmax_bwd(
     grad: Tensor,
     ptr: Tensor,
     *,
+    plan: TritonPlan | None = None,
     block_e: int | None = None,
     split_blocks: int | None = None,
 ) -> Tensor:
@@ -517,13 +542,14 @@ def segment_softmax_bwd(
         y: the forward output, ``[E]`` or ``[E, H]``.
         grad: the gradient of the output, shaped like ``y``.
         ptr: ``[N + 1]`` int64 CSR pointers.
+        plan: as in :func:`segment_softmax_fwd`.
         block_e: as in :func:`segment_softmax_fwd`.
         split_blocks: as in :func:`segment_softmax_fwd`.
 
     Returns:
         The gradient of the scores, shaped and typed like ``y``.
     """
-    _check(y, ptr, "y")
+    _check(y, ptr, "y", plan)
     if grad.shape != y.shape:
         raise ValueError(f"Expected 'grad' of shape {list(y.shape)}, got {list(grad.shape)}")
     if grad.device != y.device:
@@ -534,68 +560,22 @@ def segment_softmax_bwd(
     dx = torch.empty_like(yy)
     if e == 0 or h == 0 or n <= 0:
         return dx.view_as(y)
-    blk = _blocks(e, n, h, block_e, split_blocks)
-    ptr = ptr.contiguous()
-    plan = chunk_plan(ptr, e, blk.chunk, blk.slots)
-    part_d = torch.empty((plan.split_grid, h), dtype=_acc_torch(yy.dtype), device=yy.device)
+    blk, ptr, chunks = _work(ptr, e, h, plan, block_e, split_blocks)
+    part_d = torch.empty((chunks.split_grid, h), dtype=acc_dtype(yy.dtype), device=yy.device)
     heads = triton.cdiv(h, blk.block_h)
-    meta = dict(ACC=_acc(yy.dtype), BLOCK_E=blk.block_e, BLOCK_H=blk.block_h)
-    _softmax_bwd_chunk[(plan.grid // blk.slots, heads)](
-        yy, gg, dx, ptr, plan.chunk_ptr, plan.chunk_seg, plan.rank, part_d, n, h,
-        CHUNK=blk.chunk, SLOTS=blk.slots, num_warps=blk.num_warps, **meta,
+    meta = dict(ACC=acc_tl(yy.dtype), BLOCK_E=blk.block_e, BLOCK_H=blk.block_h)
+    _softmax_bwd_chunk[(triton.cdiv(chunks.grid, blk.slots), heads)](
+        yy, gg, dx, ptr, chunks.chunk_ptr, chunks.chunk_seg, chunks.rank, part_d, n,
+        chunks.grid, h, CHUNK=blk.chunk, SLOTS=blk.slots, num_warps=blk.num_warps, **meta,
     )  # fmt: skip
     if e > blk.chunk:
-        split = (plan.split_grid, heads)
+        split = (chunks.split_grid, heads)
         _softmax_combine[split](
-            plan.split, plan.chunk_ptr, plan.chunk_seg, plan.rank, part_d, part_d,
-            plan.grid, h, IS_MAX=False, ACC=meta["ACC"], BLOCK_H=blk.block_h,
+            chunks.split, chunks.chunk_ptr, chunks.chunk_seg, chunks.rank, part_d, part_d,
+            chunks.grid, h, IS_MAX=False, ACC=meta["ACC"], BLOCK_H=blk.block_h,
         )  # fmt: skip
         _softmax_bwd_split[split](
-            yy, gg, dx, ptr, plan.split, plan.chunk_ptr, plan.chunk_seg, plan.rank, part_d,
-            plan.grid, h, CHUNK=blk.chunk, num_warps=blk.num_warps, **meta,
+            yy, gg, dx, ptr, chunks.split, chunks.chunk_ptr, chunks.chunk_seg, chunks.rank,
+            part_d, n, chunks.grid, h, CHUNK=blk.chunk, num_warps=blk.num_warps, **meta,
         )  # fmt: skip
     return dx.view_as(y)
-
-
-def bench_segment_softmax_bandwidth(
-    num_edges: int = 100_000_000,
-    num_heads: int = 8,
-    avg_degree: int = 32,
-    *,
-    device: str = "cuda",
-    repeats: int = 10,
-) -> dict[str, float]:
-    """Time the forward kernel against a device copy of the same bytes.
-
-    Builds a CSR with ``num_edges // avg_degree`` segments of (nearly) equal
-    length, then times :func:`segment_softmax_fwd` on float32 ``[E, H]`` and
-    ``torch.Tensor.copy_`` of the same tensor, both counted as 8 bytes per
-    element (read + write), by wall clock around ``repeats`` calls between
-    ``torch.cuda.synchronize()``. Meant for a GPU: under the
-    interpreter it would take hours at the default size.
-
-    Returns:
-        ``{"softmax_gbps", "copy_gbps", "fraction"}`` (measured, not claimed).
-    """
-    if not torch.cuda.is_available() and device == "cuda":
-        raise RuntimeError("bench_segment_softmax_bandwidth needs a CUDA device")
-    n = max(1, num_edges // avg_degree)
-    # Integer arithmetic: float32 linspace is not exact past 2**24.
-    ptr = torch.arange(n + 1, dtype=torch.int64, device=device) * num_edges // n
-    x = torch.randn(num_edges, num_heads, device=device)
-    out = torch.empty_like(x)
-    nbytes = 8 * x.numel()
-
-    def timed(fn) -> float:
-        fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / repeats
-
-    t_soft = timed(lambda: segment_softmax_fwd(x, ptr))
-    t_copy = timed(lambda: out.copy_(x))
-    soft, copy = nbytes / t_soft / 1e9, nbytes / t_copy / 1e9
-    return {"softmax_gbps": soft, "copy_gbps": copy, "fraction": soft / copy}
