@@ -155,7 +155,14 @@ class TritonPlan(NamedTuple):
         return self.col.numel()
 
 
-def plan(ptr: Tensor, col: Tensor, num_cols: int, *, chunk: int | None = None) -> TritonPlan:
+def plan(
+    ptr: Tensor,
+    col: Tensor,
+    num_cols: int,
+    *,
+    perm: Tensor | None = None,
+    chunk: int | None = None,
+) -> TritonPlan:
     """Check a CSR once and cut it into chunks for the kernels.
 
     The only function here that reads index values on the host (the checks
@@ -168,6 +175,9 @@ def plan(ptr: Tensor, col: Tensor, num_cols: int, *, chunk: int | None = None) -
         col: ``[E]`` int32 or int64 column ids (sources; targets for the
             transposed CSR).
         num_cols: ids must be in ``[0, num_cols)``.
+        perm: for a transposed CSR, its ``tperm`` (CSR position of each
+            entry), checked to lie in ``[0, E)`` once here, as every
+            kernel module's ``plan`` does.
         chunk: the most edges one program walks (default
             :data:`DEFAULT_CHUNK`); the same for every head count and dtype.
 
@@ -181,6 +191,8 @@ def plan(ptr: Tensor, col: Tensor, num_cols: int, *, chunk: int | None = None) -
     """
     check_index(col, num_cols)
     check_ptr(ptr, col.numel())
+    if perm is not None:
+        check_index(perm, col.numel(), "perm")
     if col.device != ptr.device:
         raise ValueError(f"Expected 'col' on the device of 'ptr' ({ptr.device}), got {col.device}")
     chunk = DEFAULT_CHUNK if chunk is None else chunk

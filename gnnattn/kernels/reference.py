@@ -134,10 +134,13 @@ class Checked(NamedTuple):
     num_cols: int
 
 
-def plan(ptr: Tensor, col: Tensor, num_cols: int) -> Checked:
-    """Check a CSR once (``ptr`` well formed, ``col`` ids in ``[0, num_cols)``)."""
+def plan(ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None) -> Checked:
+    """Check a CSR once (``ptr`` well formed, ``col`` ids in ``[0, num_cols)``, and a
+    transposed CSR's ``perm`` in ``[0, E)``)."""
     check_ptr(ptr, col.numel())
     check_index(col, num_cols)
+    if perm is not None:
+        check_index(perm, col.numel(), "perm")
     return Checked(col.numel(), num_cols)
 
 

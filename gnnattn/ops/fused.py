@@ -51,8 +51,8 @@ def _plan(graph: AttentionGraph, kern: ModuleType, layout: str) -> Any:
     if layout == "csr":
         ptr, col = _csr(graph, device)
         return graph.derived(key, lambda: kern.plan(ptr, col, graph.num_src))
-    tptr, trow, _ = _csc(graph, device)
-    return graph.derived(key, lambda: kern.plan(tptr, trow, graph.num_dst))
+    tptr, trow, tperm = _csc(graph, device)
+    return graph.derived(key, lambda: kern.plan(tptr, trow, graph.num_dst, perm=tperm))
 
 
 class _FusedAttention(torch.autograd.Function):
