@@ -48,7 +48,7 @@ _T = TypeVar("_T")
 
 
 @contextlib.contextmanager
-def _building(lock: threading.RLock) -> Iterator[None]:
+def _building(lock: threading.RLock | None) -> Iterator[None]:
     """Where derived index tensors are made: under the graph's lock, never as inference tensors.
 
     Index tensors made under ``torch.inference_mode()`` cannot be saved for
@@ -59,7 +59,7 @@ def _building(lock: threading.RLock) -> Iterator[None]:
     if torch.compiler.is_compiling():
         yield
         return
-    with lock, torch.inference_mode(False):
+    with lock or contextlib.nullcontext(), torch.inference_mode(False):
         yield
 
 
@@ -159,7 +159,9 @@ class AttentionGraph:
         device: torch.device | None = None,
         csr: CSR | None = None,
     ) -> None:
-        self._lock = threading.RLock()
+        # A lock cannot be made inside torch.compile; a graph built there (from
+        # lengths, in the compiled region) has none and builds without one.
+        self._lock = None if torch.compiler.is_compiling() else threading.RLock()
         # With the version counter of the edges as given: a later in-place change
         # of the caller's tensor is detected instead of read through a stale CSR.
         self._set_edges(edge_index)
