@@ -1,12 +1,15 @@
 """The numba CPU kernels against their pure-torch references, on awkward sizes."""
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
 
 from gnnattn.graphs import transpose_csr
-from gnnattn.kernels import cpu
+from gnnattn.kernels import common, cpu
 from gnnattn.kernels import reference as ref
+from gnnattn.kernels.cpu import backward, plans
 
 F64, F32 = torch.float64, torch.float32
 
@@ -153,7 +156,8 @@ def test_half_inputs_come_back_in_their_dtype():
     out_r, _ = ref.attention_fwd(qb.float(), kb.float(), vb.float(), ptr, col, 0.5, bias.float())
     assert_close(out.float(), out_r, 1e-2)  # bfloat16 rounding of the output
     grads = cpu.attention_bwd(qb, kb, vb, out, lse, torch.ones_like(out), ptr, col, 0.5, bias)
-    assert [t.dtype for t in grads] == [torch.bfloat16] * 3 + [torch.float16]
+    assert [t.dtype for t in grads[:4]] == [torch.bfloat16] * 3 + [torch.float16]
+    assert grads[4] is None
     src = torch.randn(col.numel(), 2).half()
     y = cpu.segment_softmax_fwd(src, ptr)
     assert y.dtype == torch.float16
@@ -185,15 +189,15 @@ def test_hubs_are_cut_into_pieces_by_the_graph_alone():
     # 1000 targets of degree 1, then one of degree 5000: the hub is cut into
     # pieces of _piece_limit(E) edges; the chunks skip it and balance the rest.
     p = csr_of([1] * 1000 + [5000]).numpy()
-    plan = cpu._Plan(p, int(p[-1]))
-    assert plan.limit == cpu._piece_limit(6000) == 2048
+    plan = plans._Plan(p, int(p[-1]), threads=2)
+    assert plan.limit == plans._piece_limit(6000) == 2048
     assert plan.bounds[0] == 0 and plan.bounds[-1] == 1001 and (np.diff(plan.bounds) > 0).all()
     assert plan.pieces[:, 0].tolist() == [1000] * 3 and plan.seg.tolist() == [0, 3]
     assert plan.pieces[:, 1].tolist() == [1000, 3048, 5096]
     assert plan.pieces[:, 2].tolist() == [3048, 5096, 6000]
     # No hub: chunks of whole segments with about equal edge counts.
     p = csr_of([3] * 999 + [30]).numpy()
-    plan = cpu._Plan(p, int(p[-1]))
+    plan = plans._Plan(p, int(p[-1]), threads=2)
     edges = p[plan.bounds[1:]] - p[plan.bounds[:-1]]
     assert plan.pieces.shape == (0, 3) and edges.sum() == 3027 and len(edges) > 1
 
@@ -283,9 +287,9 @@ def test_reference_backward_is_autograd_of_reference_forward():
         q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), go, ptr, col, 0.7,
         (b + mask).detach(),
     )  # fmt: skip
-    for a, m in zip(auto, mine, strict=True):
+    for a, m in zip(auto, mine[:4], strict=True):
         assert torch.allclose(a, m, atol=1e-12)
-    assert (mine[3][5:7, 1] == 0).all()
+    assert (mine[3][5:7, 1] == 0).all() and mine[4] is None
 
 
 def test_reference_softmax_backward_is_autograd_of_its_forward():
@@ -345,3 +349,331 @@ def test_segment_ptr_finds_segments_and_unsorted_indices():
     for impl in (cpu.segment_ptr, ref.segment_ptr):
         with pytest.raises(ValueError, match="'index'"):
             impl(index, 600)  # ids up to 699
+
+
+# ------------------------------------------------------------------ options
+#
+# The value bias and the dropout, forward and backward, against the float64
+# reference. float64 only, except the thread-count test: each combination of
+# options is one more compiled specialisation of every kernel (seconds of
+# compile time each on a cold cache), so vb-only and dropout-only run on the
+# cases without hubs and "both" on all of them (the hub kernels included).
+
+DROP = common.Dropout(0.3, seed=(0xDEAD_BEEF << 30) | 12345, offset=1_000_003)
+
+
+def edge_inputs(case, dtype, with_bias, value_bias, seed=5):
+    q, k, v, ptr, col = make(case, dtype, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    e, h, cv = col.numel(), q.shape[1], v.shape[2]
+    bias = torch.randn(e, h, generator=g, dtype=dtype) if with_bias else None
+    if bias is not None:
+        bias[::4, 0] = float("-inf")
+        if ptr.numel() > 4:
+            bias[ptr[3] : ptr[4], 1] = float("-inf")  # a target whose scores are all -inf
+    vb = torch.randn(e, h, cv, generator=g, dtype=dtype) if value_bias else None
+    return q, k, v, ptr, col, bias, vb
+
+
+def check_options(case, with_bias, value_bias, dropout, logits=1.0, tol=TOL64):
+    q, k, v, ptr, col, bias, vb = edge_inputs(case, F64, with_bias, value_bias)
+    q = q * logits
+    kw = dict(value_bias=vb, dropout=dropout)
+    out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw)
+    out_r, lse_r = ref.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw)
+    assert_close(out, out_r, tol)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(lse_r))
+    fin = torch.isfinite(lse_r)
+    assert_close(lse[fin], lse_r[fin], tol)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=F64)
+    got = cpu.attention_bwd(q, k, v, None, lse, g, ptr, col, 0.3, bias, **kw)
+    want = ref.attention_bwd(q, k, v, out_r, lse_r, g, ptr, col, 0.3, bias, **kw)
+    assert len(got) == 5
+    for a, b in zip(got, want, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.dtype == F64
+            assert_close(a, b, tol)
+    return got
+
+
+SMALL = ["ragged", "one node", "no edges", "empty graph", "duplicates"]
+
+
+@pytest.mark.parametrize("case", SMALL)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_value_bias_matches_reference(case, with_bias):
+    check_options(case, with_bias, value_bias=True, dropout=None)
+
+
+@pytest.mark.parametrize("case", SMALL)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_dropout_matches_reference(case, with_bias):
+    check_options(case, with_bias, value_bias=False, dropout=DROP)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("logits", [1.0, 1e3])
+def test_value_bias_and_dropout_match_reference(case, with_bias, logits):
+    # "hub" and "source hub" take the hub-piece kernels of both passes.
+    check_options(case, with_bias, value_bias=True, dropout=DROP, logits=logits)
+
+
+def test_options_on_hub_pieces_of_every_segment(monkeypatch):
+    # Pieces of 3 edges: every segment longer than that is reduced in pieces
+    # and merged, in both passes (empty and one-edge pieces at the ends).
+    monkeypatch.setattr(plans, "_PIECE_MIN", 3)
+    monkeypatch.setattr(plans, "_PIECES", 10**9)
+    check_options("ragged", True, value_bias=True, dropout=DROP)
+    check_options("source hub", False, value_bias=True, dropout=DROP)
+
+
+def test_source_pass_with_value_bias_alone_gathers_its_rows():
+    # attention_bwd hands the source pass dS; called alone with the value bias
+    # it recomputes dS from the bias's rows: the same gradients. (No hub here:
+    # one kernel less to compile for this specialisation.)
+    q, k, v, ptr, col, bias, vb = edge_inputs("ragged", F64, True, True)
+    out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, value_bias=vb, dropout=DROP)
+    g = torch.randn_like(out)
+    full = cpu.attention_bwd(
+        q, k, v, None, lse, g, ptr, col, 0.3, bias, value_bias=vb, dropout=DROP
+    )
+    _, ld, _, _ = cpu.attention_bwd_dst(
+        q, k, v, lse, g, ptr, col, 0.3, bias, value_bias=vb, dropout=DROP
+    )
+    csc = transpose_csr(ptr, col, k.shape[0])
+    dk, dv = cpu.attention_bwd_src(q, k, v, ld, g, csc, 0.3, bias, value_bias=vb, dropout=DROP)
+    assert_close(dk, full[1], TOL64)
+    assert_close(dv, full[2], TOL64)
+
+
+def test_dropout_zero_is_no_dropout():
+    q, k, v, ptr, col, bias, _ = edge_inputs("ragged", F64, True, False)
+    none = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias)
+    zero = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, dropout=common.Dropout(0.0, 7, 0))
+    assert all(torch.equal(a, b) for a, b in zip(none, zero, strict=True))
+    with pytest.raises(ValueError, match="'dropout'"):
+        cpu.attention_fwd(q, k, v, ptr, col, 0.3, dropout=common.Dropout(1.0, 7, 0))
+    with pytest.raises(TypeError, match="'dropout'"):
+        cpu.attention_fwd(q, k, v, ptr, col, 0.3, dropout=0.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'value_bias'"):
+        cpu.attention_fwd(q, k, v, ptr, col, 0.3, value_bias=torch.zeros(col.numel(), 3, 1))
+
+
+def test_dropout_stream_is_bitwise_that_of_common():
+    gen = torch.Generator().manual_seed(6)
+    counters = torch.cat(
+        [
+            torch.arange(100_000),
+            torch.randint(0, 2**62, (100_000,), generator=gen),  # high words set
+            torch.arange(2**32 - 5_000, 2**32 + 5_000),  # across the 32-bit boundary
+            torch.tensor([0, 2**31 - 1, 2**32 - 1, 2**32, 2**62 - 1]),
+        ]
+    )
+    keys = [
+        common.Dropout(0.1, 0, 0),
+        common.Dropout(0.5, 2**63 - 1, 2**31 - 1),  # every seed bit set, largest offset
+        common.Dropout(0.5, (0x8000_0001 << 31) | 0xFFFF_FFFF, 12_345),
+    ]
+    for d in keys:
+        assert torch.equal(cpu.dropout_bits(d, counters), common.dropout_bits(d, counters))
+    # The kernels use the same stream: with one edge per target (weight 1)
+    # and v = 1, out is the dropout factor of each edge and head.
+    got = kept_factor(keys[1], num_edges=3_000, heads=4)
+    want = common.dropout_keep(keys[1], 3_000, 4, torch.device("cpu")).double() / (1 - 0.5)
+    assert torch.equal(got, want)
+
+
+def kept_factor(dropout, num_edges, heads):
+    """The forward's output with one edge per target, q = 0 and v = 1: ``keep / (1 - p)``."""
+    ptr = torch.arange(num_edges + 1)
+    col = torch.arange(num_edges) % 7
+    q = torch.zeros(num_edges, heads, 2, dtype=F64)
+    k = torch.ones(7, heads, 2, dtype=F64)
+    v = torch.ones(7, heads, 1, dtype=F64)
+    out, _ = cpu.attention_fwd(q, k, v, ptr, col, 1.0, dropout=dropout)
+    return out[..., 0]
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_kept_fraction_is_binomial(p):
+    n_edges, heads = 50_000, 4
+    f = kept_factor(common.Dropout(p, seed=11, offset=3), n_edges, heads)
+    kept = f != 0
+    assert torch.equal(f[kept], torch.full_like(f[kept], 1 / (1 - p)))
+    n = kept.numel()
+    sigma = (p * (1 - p) / n) ** 0.5
+    assert abs(kept.double().mean().item() - (1 - p)) < 6 * sigma
+    # Heads and neighbouring edges are not correlated: each head alone too.
+    for h in range(heads):
+        assert abs(kept[:, h].double().mean().item() - (1 - p)) < 6 * sigma * heads**0.5
+
+
+@pytest.mark.parametrize("case", ["hub", "source hub", "ragged"])
+def test_options_do_not_depend_on_the_thread_count(case):
+    # Bias + value bias + dropout, on the hubs of both passes: bitwise the
+    # same on 1 and 2 threads (float64: the specialisation the reference
+    # tests compile already).
+    q, k, v, ptr, col, bias, vb = edge_inputs(case, F64, True, True)
+    g = torch.randn(q.shape[0], q.shape[1], v.shape[2], dtype=F64)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            kw = dict(value_bias=vb, dropout=DROP)
+            out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw)
+            grads = cpu.attention_bwd(q, k, v, None, lse, g, ptr, col, 0.3, bias, **kw)
+            results.append((out, lse, *grads))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_options_in_float32_with_int32_ids():
+    # The other dtype and index width, on one case (each is one more
+    # specialisation to compile): against the float64 reference.
+    q, k, v, ptr, col, bias, vb = edge_inputs("ragged", F32, True, True)
+    kw = dict(value_bias=vb, dropout=DROP)
+    out, lse = cpu.attention_fwd(q, k, v, ptr, col.int(), 0.3, bias, **kw)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    grads = cpu.attention_bwd(q, k, v, None, lse, g, ptr, col.int(), 0.3, bias, **kw)
+    q64, k64, v64, b64, vb64 = f64(q, k, v, bias, vb)
+    kw64 = dict(value_bias=vb64, dropout=DROP)
+    s = ref.attention_scores(q64, k64, ptr, col, 0.3)
+    tol = TOL32 * (1.0 + float(s.abs().max()))
+    out_r, lse_r = ref.attention_fwd(q64, k64, v64, ptr, col, 0.3, b64, **kw64)
+    assert out.dtype == F32 and lse.dtype == F32
+    assert_close(out, out_r, tol)
+    want = ref.attention_bwd(q64, k64, v64, out_r, lse_r, g.double(), ptr, col, 0.3, b64, **kw64)
+    for a, b in zip(grads, want, strict=True):
+        assert a.dtype == F32
+        assert_close(a, b, tol)
+
+
+# ------------------------------------------------------------------ plans
+
+
+def test_cpu_has_the_reference_api():
+    names = ["segment_softmax_fwd", "segment_softmax_bwd", "segment_ptr"]
+    names += ["attention_fwd", "attention_bwd", "plan"]
+    for name in names:
+        mine = list(inspect.signature(getattr(cpu, name)).parameters.values())
+        theirs = list(inspect.signature(getattr(ref, name)).parameters.values())
+        # Same parameters, kinds and defaults; extras are keyword-only.
+        assert [(p.name, p.kind, p.default) for p in mine[: len(theirs)]] == [
+            (p.name, p.kind, p.default) for p in theirs
+        ], name
+        assert all(p.kind is p.KEYWORD_ONLY for p in mine[len(theirs) :]), name
+    assert sorted(cpu.__all__) == sorted(
+        [*names, "CPUPlan", "attention_bwd_dst", "attention_bwd_src", "dropout_bits", "exp32"]
+    )
+
+
+def test_plans_give_the_same_results():
+    q, k, v, ptr, col, bias, vb = edge_inputs("source hub", F64, True, True)
+    m, n = k.shape[0], q.shape[0]
+    csc = transpose_csr(ptr, col, m)
+    pl = cpu.plan(ptr, col, m)
+    cpl = cpu.plan(csc.ptr, csc.row, n, perm=csc.perm)
+    assert isinstance(pl, cpu.CPUPlan) and pl.threads >= 1 and pl.perm is None
+    assert (pl.num_rows, pl.num_edges, pl.num_cols) == (n, col.numel(), m)
+    for kw in ({}, dict(value_bias=vb, dropout=DROP)):
+        a = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw)
+        b = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw, plan=pl)
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+        g = torch.randn_like(a[0])
+        a = cpu.attention_bwd(q, k, v, None, a[1], g, ptr, col, 0.3, bias, **kw, csc=csc)
+        b = cpu.attention_bwd(
+            q, k, v, None, b[1], g, ptr, col, 0.3, bias, **kw, plan=pl, csc_plan=cpl
+        )
+        for x, y in zip(a, b, strict=True):
+            assert (x is None and y is None) or torch.equal(x, y)
+
+
+def test_calls_with_plans_neither_check_nor_split(monkeypatch):
+    q, k, v, ptr, col, bias, vb = edge_inputs("hub", F64, True, True)
+    m, n = k.shape[0], q.shape[0]
+    csc = transpose_csr(ptr, col, m)
+    pl = cpu.plan(ptr, col, m)
+    cpl = cpu.plan(csc.ptr, csc.row, n, perm=csc.perm)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("called with plans")
+
+    for name in ("check_ptr", "check_index", "_Plan"):
+        monkeypatch.setattr(plans, name, boom)
+    monkeypatch.setattr(backward, "transpose_csr", boom)
+    kw = dict(value_bias=vb, dropout=DROP)
+    out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw, plan=pl)
+    g = torch.ones_like(out)
+    cpu.attention_bwd(q, k, v, None, lse, g, ptr, col, 0.3, bias, **kw, plan=pl, csc_plan=cpl)
+    with pytest.raises(AssertionError, match="with plans"):  # without: checked and split
+        cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw)
+
+
+def test_plans_are_checked():
+    q, k, v, ptr, col, bias, _ = edge_inputs("ragged", F64, True, False)
+    m, n = k.shape[0], q.shape[0]
+    with pytest.raises(ValueError, match="'col'"):
+        cpu.plan(ptr, col, m - 1)
+    with pytest.raises(ValueError, match="'ptr'"):
+        cpu.plan(ptr.flip(0), col, m)
+    csc = transpose_csr(ptr, col, m)
+    with pytest.raises(ValueError, match="'perm'"):
+        cpu.plan(csc.ptr, csc.row, n, perm=csc.perm + 1)  # ids up to E
+    other = cpu.plan(*make("bipartite", F64)[3:], 101)
+    with pytest.raises(ValueError, match="'plan'"):
+        cpu.attention_fwd(q, k, v, ptr, col, 0.3, plan=other)
+    with pytest.raises(TypeError, match="'plan'"):
+        cpu.attention_fwd(q, k, v, ptr, col, 0.3, plan=ref.plan(ptr, col, m))  # type: ignore[arg-type]
+    # A transposed-CSR plan without perm (the reference's and Triton's form)
+    # takes the CSR positions from csc, trusted unchecked; without csc it
+    # serves calls without per-edge options only.
+    no_perm = cpu.plan(csc.ptr, csc.row, n)
+    out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias)
+    g = torch.ones_like(out)
+    cpu.attention_bwd(q, k, v, None, lse, g, ptr, col, 0.3, csc_plan=no_perm)
+    with pytest.raises(ValueError, match="perm="):
+        cpu.attention_bwd(q, k, v, None, lse, g, ptr, col, 0.3, bias, csc_plan=no_perm)
+    a = cpu.attention_bwd(q, k, v, None, lse, g, ptr, col, 0.3, bias, csc=csc, csc_plan=no_perm)
+    b = cpu.attention_bwd(q, k, v, None, lse, g, ptr, col, 0.3, bias)
+    assert all(torch.equal(x, y) for x, y in zip(a[:4], b[:4], strict=True))
+
+
+# ------------------------------------------------------------------ NaN
+
+
+@pytest.mark.parametrize("case", ["ragged", "hub"])
+@pytest.mark.parametrize("where", ["k", "v"])
+def test_nan_reaches_exactly_the_targets_that_read_it(case, where):
+    q, k, v, ptr, col = make(case, F64)
+    src = int(col[2])  # a source of target 0 (in the hub case: the hub)
+    (k if where == "k" else v)[src] = float("nan")
+    out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3)
+    out_r, lse_r = ref.attention_fwd(q, k, v, ptr, col, 0.3)
+    reads = torch.zeros(q.shape[0], dtype=torch.bool)
+    reads[ref.segment_ids(ptr)[col == src]] = True
+    assert torch.isnan(out[reads]).all() and torch.isfinite(out[~reads]).all()
+    assert torch.equal(torch.isnan(out), torch.isnan(out_r))
+    assert torch.equal(torch.isnan(lse), torch.isnan(lse_r))
+    assert torch.isnan(lse[reads]).all() == (where == "k")
+
+
+def test_softmax_nan_makes_its_segment_nan():
+    y = cpu.segment_softmax_fwd(torch.tensor([float("nan"), 1.0, 2.0]), torch.tensor([0, 3]))
+    assert torch.isnan(y).all()
+    ptr = csr_of([3, 0, 20, 2])
+    for pos in (0, 5, 22):  # first, middle and last of a segment, before and after the max
+        src = torch.randn(25, 2, dtype=F64)
+        src[pos, 1] = float("nan")
+        y = cpu.segment_softmax_fwd(src, ptr)
+        want = ref.segment_softmax_fwd(src, ptr)
+        assert torch.equal(torch.isnan(y), torch.isnan(want))
+        seg = int(torch.searchsorted(ptr, torch.tensor(pos), right=True)) - 1
+        assert torch.isnan(y[ptr[seg] : ptr[seg + 1], 1]).all()
+        assert (
+            torch.isfinite(y[:, 0]).all() and int(torch.isnan(y).sum()) == ptr[seg + 1] - ptr[seg]
+        )

@@ -1,0 +1,299 @@
+r"""The backward's two passes, compiled: destination (``dq``, ``D``) and source (``dk``, ``dv``).
+
+FlashAttention's recomputation: the weights come back from the forward's
+``lse`` as ``alpha_ij = exp(s_ij - lse_i)`` instead of being stored. With
+``f_ij`` the dropout factor (``keep / (1 - p)``, 1 without dropout) and
+``vb_ij`` the value bias of the edge (0 without one):
+
+.. math::
+    dp_{ij} = f_{ij}\, dout_i \cdot (v_j + vb_{ij}), \quad
+    D_i = \frac{\sum_j \alpha_{ij} dp_{ij}}{\sum_j \alpha_{ij}}, \quad
+    dS_{ij} = \alpha_{ij} (dp_{ij} - D_i),
+
+``dq_i = scale sum_j dS_ij k_j``, ``dk_j = scale sum_i dS_ij q_i``,
+``dv_j = sum_i alpha_ij f_ij dout_i`` and ``dvb_ij = alpha_ij f_ij dout_i``.
+
+* Destination pass (CSR): ``k_j`` and ``v_j`` (2 gathered rows per edge)
+  give the weights, ``dp`` and ``D_i``; a second sweep over the target's
+  edges (their weights and ``dp`` kept in a small array when they fit)
+  accumulates ``dq_i`` and writes ``dS`` (with a score bias) and the value
+  bias's gradient, both in CSR order.
+* Source pass (transposed CSR): ``q_i`` and ``dout_i`` (2 gathered rows) and
+  one cache line of ``(lse_i, D_i)`` per edge; ``k_j``/``v_j`` are the
+  source's own rows; ``dk_j`` and ``dv_j`` accumulate in cache, so no two
+  threads write one row and no atomics are needed. The per-edge options
+  (bias, value bias, dropout counter) are read at the edge's CSR position
+  ``tperm[t]``.
+
+So the backward makes no ``[E, H]`` arrays (without edge features) and does
+not need the forward's output. ``D_i`` is the ratio of two sums over the
+edges rather than ``dout_i . out_i``: ``sum_j alpha_ij`` is 1 up to the
+rounding of ``lse``, and dividing by the computed sum removes that rounding,
+so ``dS`` is exactly 0 where every edge of a target carries the same ``dp``.
+Only a zero sum (no edge, or only ``-inf`` scores) is not divided by.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from ._edge import (
+    _edge_dp,
+    _factor,
+    _msg_dot,
+    _prefetch_at,
+    _score,
+    _src_ds,
+    _uses_order,
+    _vb_grad,
+    _weight,
+)
+from ._simd import _AHEAD, _INLINE, _JIT, _NN, _axpy, _prefetch, _prefetch_row
+
+# Edges per target whose weights the destination pass keeps for its second sweep.
+_CACHE = 512
+
+
+@numba.njit(**_INLINE)
+def _dst_delta(
+    q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, col, s0, e0, scale, wa, wp, dl, dvb
+):  # pragma: no cover - compiled
+    """Partial sums of ``D_i`` over ``s0:e0``: ``dl[h] = sum_j alpha_ij dp_ij``,
+    ``dl[H + h] = sum_j alpha_ij``; writes the value bias's gradient.
+
+    ``D_i`` is their ratio (see :func:`_delta`). Keeps ``alpha`` and ``dp``
+    in ``wa``/``wp`` when the edges fit.
+    """
+    nh = dl.shape[0] // 2
+    cq = q.shape[1] // nh
+    cv = v.shape[1] // nh
+    zero = q.dtype.type(0)
+    one = q.dtype.type(1)
+    cached = e0 - s0 <= wa.shape[1]
+    dl[:] = zero
+    s0 = s0 & _NN
+    for t in range(e0 - s0):
+        e = s0 + t
+        if e + _AHEAD < col.shape[0]:
+            jj = col[e + _AHEAD] & _NN
+            _prefetch_row(k, jj)
+            _prefetch_row(v, jj)
+        j = col[e] & _NN
+        for h in range(nh):
+            a = _weight(_score(q, i, k, j, h, cq, scale, bias, e, has_bias), lse[i, h], zero)
+            f = _factor(key, dscale, e, h, nh, one)
+            dp = _msg_dot(dout, i, v, j, vb, e, h * cv, cv) * f
+            _vb_grad(dvb, e, a * f, dout, i, h * cv, cv)
+            dl[h] += a * dp
+            dl[nh + h] += a
+            if cached:
+                wa[h, t] = a
+                wp[h, t] = dp
+
+
+@numba.njit(**_INLINE)
+def _delta(dl, ld, i):  # pragma: no cover - compiled
+    """``D_i`` from :func:`_dst_delta`'s sums, into ``ld[i, H:]``."""
+    nh = dl.shape[0] // 2
+    zero = dl.dtype.type(0)
+    one = dl.dtype.type(1)
+    for h in range(nh):
+        tot = dl[nh + h]
+        ld[i, nh + h] = dl[h] / (one if tot == zero else tot)
+
+
+# fmt: off
+@numba.njit(**_INLINE)
+def _dst_grad(
+    q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, col, s0, e0, scale, wa, wp, ld, acc,
+    dbias,
+):  # pragma: no cover - compiled
+# fmt: on
+    """``dq_i += sum_j dS_ij k_j`` over ``s0:e0`` into ``acc`` (and ``dS`` into ``dbias``)."""
+    nh = ld.shape[1] // 2
+    cq = q.shape[1] // nh
+    cv = v.shape[1] // nh
+    zero = q.dtype.type(0)
+    one = q.dtype.type(1)
+    cached = e0 - s0 <= wa.shape[1]
+    keep_ds = dbias.shape[0] > 0  # a score bias, or a value bias (for the source pass)
+    s0 = s0 & _NN
+    for t in range(e0 - s0):
+        e = s0 + t
+        if not cached and e + _AHEAD < col.shape[0]:
+            jj = col[e + _AHEAD] & _NN
+            _prefetch_row(k, jj)
+            _prefetch_row(v, jj)
+        j = col[e] & _NN
+        for h in range(nh):
+            if cached:
+                a = wa[h, t]
+                dp = wp[h, t]
+            else:
+                s = _score(q, i, k, j, h, cq, scale, bias, e, has_bias)
+                a = _weight(s, lse[i, h], zero)
+                dp = _edge_dp(dout, i, v, j, vb, e, key, dscale, h, nh, one, h * cv, cv)
+            ds = a * (dp - ld[i, nh + h])
+            if keep_ds:
+                dbias[e, h] = ds
+            _axpy(acc, ds * scale, k, j, h * cq, cq)
+
+
+@numba.njit(**_JIT)
+def _bwd_dst_kernel(
+    q, k, v, dout, lse, bias, has_bias, vb, key, dscale, ptr, col, scale, bounds, limit, dq, ld,
+    dbias, dvb,
+):  # pragma: no cover - compiled  # fmt: skip
+    nh = lse.shape[1]
+    cq = q.shape[1] // nh
+    zero = q.dtype.type(0)
+    for ch in prange(bounds.shape[0] - 1):
+        wa = np.empty((nh, _CACHE), dtype=q.dtype)
+        wp = np.empty((nh, _CACHE), dtype=q.dtype)
+        dl = np.empty(2 * nh, dtype=q.dtype)
+        acc = np.empty(nh * cq, dtype=q.dtype)
+        for i in range(bounds[ch] & _NN, bounds[ch + 1]):
+            s0, e0 = ptr[i], ptr[i + 1]
+            if e0 - s0 > limit:
+                continue  # a hub: _bwd_dst_pieces_kernel
+            _dst_delta(
+                q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, col, s0, e0, scale, wa, wp,
+                dl, dvb,
+            )  # fmt: skip
+            _delta(dl, ld, i)
+            acc[:] = zero
+            _dst_grad(
+                q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, col, s0, e0, scale, wa, wp,
+                ld, acc, dbias,
+            )  # fmt: skip
+            for c in range(nh * cq):
+                dq[i, c] = acc[c]
+
+
+@numba.njit(**_JIT)
+def _bwd_dst_pieces_kernel(
+    q, k, v, dout, lse, bias, has_bias, vb, key, dscale, col, scale, pieces, seg, dq, ld, dbias, dvb
+):  # pragma: no cover - compiled
+    nh = lse.shape[1]
+    cq = q.shape[1] // nh
+    zero = q.dtype.type(0)
+    npc = pieces.shape[0]
+    pd = np.empty((npc, 2 * nh), dtype=q.dtype)
+    pa = np.zeros((npc, nh * cq), dtype=q.dtype)
+    # Pieces are longer than the kept-weights cache: both sweeps recompute.
+    nokeep = np.empty((nh, 0), dtype=q.dtype)
+    for x in prange(npc):
+        _dst_delta(
+            q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, vb, key, dscale, col, pieces[x,
+            1], pieces[x, 2], scale, nokeep, nokeep, pd[x], dvb,
+        )  # fmt: skip
+    for s in prange(seg.shape[0] - 1):
+        dl = np.zeros(2 * nh, dtype=q.dtype)
+        for x in range(seg[s] & _NN, seg[s + 1]):
+            for h in range(2 * nh):
+                dl[h] += pd[x, h]
+        _delta(dl, ld, pieces[seg[s], 0] & _NN)
+    for x in prange(npc):
+        _dst_grad(
+            q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, vb, key, dscale, col, pieces[x,
+            1], pieces[x, 2], scale, nokeep, nokeep, ld, pa[x], dbias,
+        )  # fmt: skip
+    for s in prange(seg.shape[0] - 1):
+        i = pieces[seg[s], 0] & _NN
+        for c in range(nh * cq):
+            d = zero
+            for x in range(seg[s] & _NN, seg[s + 1]):
+                d += pa[x, c]
+            dq[i, c] = d
+
+
+@numba.njit(**_INLINE)
+def _src_segment(
+    q, k, j, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, trow, tperm, t0, t1, scale, ak, av
+):  # pragma: no cover - compiled
+    """``dk_j``, ``dv_j`` over the outgoing edges ``t0:t1`` of source ``j`` into ``ak``, ``av``."""
+    nh = ld.shape[1] // 2
+    cq = q.shape[1] // nh
+    cv = v.shape[1] // nh
+    zero = q.dtype.type(0)
+    one = q.dtype.type(1)
+    # The bias and the options are in CSR order: read at the edge's CSR position.
+    by_pos = has_bias or _uses_order(vb, key, dsv)
+    for t in range(t0 & _NN, t1):
+        if t + _AHEAD < trow.shape[0]:
+            ii = trow[t + _AHEAD] & _NN
+            _prefetch_row(q, ii)
+            _prefetch_row(dout, ii)
+            _prefetch(ld, ii, 0)
+            _prefetch_at(vb, tperm, t + _AHEAD)
+            _prefetch_at(dsv, tperm, t + _AHEAD)
+        i = trow[t] & _NN
+        e = (tperm[t] & _NN) if by_pos else t
+        for h in range(nh):
+            a = _weight(_score(q, i, k, j, h, cq, scale, bias, e, has_bias), ld[i, h], zero)
+            f = _factor(key, dscale, e, h, nh, one)
+            g = _src_ds(dsv, e, h, a, f, dout, i, v, j, vb, ld[i, nh + h], h * cv, cv) * scale
+            _axpy(av, a * f, dout, i, h * cv, cv)
+            _axpy(ak, g, q, i, h * cq, cq)
+
+
+# fmt: off
+@numba.njit(**_JIT)
+def _bwd_src_kernel(
+    q, k, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, tptr, trow, tperm, scale, bounds,
+    limit, dk, dv,
+):  # pragma: no cover - compiled
+# fmt: on
+    nh = ld.shape[1] // 2
+    cq = q.shape[1] // nh
+    cv = v.shape[1] // nh
+    zero = q.dtype.type(0)
+    for ch in prange(bounds.shape[0] - 1):
+        ak = np.empty(nh * cq, dtype=q.dtype)
+        av = np.empty(nh * cv, dtype=q.dtype)
+        for j in range(bounds[ch] & _NN, bounds[ch + 1]):
+            t0, t1 = tptr[j], tptr[j + 1]
+            if t1 - t0 > limit:
+                continue  # a hub: _bwd_src_pieces_kernel
+            ak[:] = zero
+            av[:] = zero
+            _src_segment(
+                q, k, j, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, trow, tperm, t0, t1,
+                scale, ak, av
+            )  # fmt: skip
+            for c in range(nh * cq):
+                dk[j, c] = ak[c]
+            for c in range(nh * cv):
+                dv[j, c] = av[c]
+
+
+@numba.njit(**_JIT)
+def _bwd_src_pieces_kernel(
+    q, k, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, trow, tperm, scale, pieces, seg, dk, dv
+):  # pragma: no cover - compiled
+    nh = ld.shape[1] // 2
+    cq = q.shape[1] // nh
+    cv = v.shape[1] // nh
+    zero = q.dtype.type(0)
+    npc = pieces.shape[0]
+    pk = np.zeros((npc, nh * cq), dtype=q.dtype)
+    pv = np.zeros((npc, nh * cv), dtype=q.dtype)
+    for x in prange(npc):
+        _src_segment(
+            q, k, pieces[x, 0] & _NN, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, trow,
+            tperm, pieces[x, 1], pieces[x, 2], scale, pk[x], pv[x],
+        )  # fmt: skip
+    for s in prange(seg.shape[0] - 1):
+        j = pieces[seg[s], 0] & _NN
+        for c in range(nh * cq):
+            d = zero
+            for x in range(seg[s] & _NN, seg[s + 1]):
+                d += pk[x, c]
+            dk[j, c] = d
+        for c in range(nh * cv):
+            d = zero
+            for x in range(seg[s] & _NN, seg[s + 1]):
+                d += pv[x, c]
+            dv[j, c] = d

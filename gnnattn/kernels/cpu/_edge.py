@@ -1,0 +1,176 @@
+"""What one edge contributes: its score, its weight, its message and the options on them.
+
+Arrays are 2-D rows: ``q``, ``k`` ``[*, H*C]``; ``v``, ``dout``, ``out`` and
+the value bias ``[*, H*Cv]``; head ``h`` of a row is the slice
+``[h*C, (h+1)*C)``. ``e`` is an edge's destination-CSR position (the order of
+the per-edge arrays and of the dropout counter).
+
+**Options at no cost when absent.** The value bias (``vb``, and its gradient
+``dvb``) and the dropout stream's key (``key``, uint64 ``[threshold,
+seed_lo, seed_hi, offset]``, with its scale ``dscale``) reach the kernels as
+arguments that are ``None`` when the option is absent. numba compiles a
+specialisation per combination of argument types, and the helpers below are
+typed by their overloads: with ``None`` they are the plain dot product and
+``axpy`` and the dropout factor is the constant 1, so a call without options
+runs the code the kernels had before the options existed, and a call with
+one pays only for it. Dropout costs one integer hash per edge and head
+(:mod:`._random`), the value bias one more row read per edge (and the write
+of its gradient). Arrays and scalars, not tuples: numba passes only those
+into the body of a ``prange`` loop. The source pass's ``dsv`` (the score
+gradient the destination pass stored, with a value bias) is chosen the same
+way.
+
+The overloads are inlined into the kernels by numba (``inline="always"``),
+before LLVM optimizes the kernels' loops: compiled as separate functions and
+inlined by LLVM afterwards, they left the plain forward measurably slower.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+from numba import types
+from numba.extending import overload
+
+from ._random import _keep
+from ._simd import (
+    _FAST,
+    _INLINE,
+    _NEG_INF,
+    _NN,
+    _axpy,
+    _axpy_sum,
+    _dot,
+    _dot_sum,
+    _exp,
+    _prefetch_row,
+)
+
+# Inlined by numba (see the module docstring), with the kernels' fast-math flags.
+_OL: dict[str, Any] = dict(inline="always", jit_options=dict(fastmath=_FAST))
+
+
+@numba.njit(**_INLINE)
+def _score(q, i, k, j, h, c, scale, bias, e, has_bias):  # pragma: no cover - compiled
+    """``q_i^h . k_j^h * scale (+ bias[e, h])``."""
+    s = _dot(q, i, k, j, h * c, c) * scale
+    if has_bias:
+        s += bias[e, h]
+    return s
+
+
+@numba.njit(**_INLINE)
+def _weight(s, lse, zero):  # pragma: no cover - compiled
+    """``exp(s - lse)``, and ``zero`` where ``lse = -inf`` (no finite score: no weight)."""
+    if lse == _NEG_INF:
+        return zero
+    return _exp(s - lse)
+
+
+# Each helper below is a stub typed by its overload: one body for an absent
+# option (None), one for a present one.
+
+
+def _factor(key, dscale, e, h, nh, one):  # pragma: no cover - compiled only
+    """The dropout factor of edge ``e``, head ``h``: ``keep / (1 - p)``, 1 without dropout."""
+
+
+def _msg_dot(dout, i, v, j, vb, e, lo, n):  # pragma: no cover - compiled only
+    """``dout_i^h . (v_j^h + vb_e^h)`` (no ``vb`` term without a value bias)."""
+
+
+def _msg_axpy(acc, w, v, j, vb, e, lo, n):  # pragma: no cover - compiled only
+    """``acc^h += w * (v_j^h + vb_e^h)``."""
+
+
+def _vb_grad(dvb, e, w, dout, i, lo, n):  # pragma: no cover - compiled only
+    """``dvb_e^h = w * dout_i^h`` (nothing without a value bias)."""
+
+
+def _prefetch_at(a, perm, t):  # pragma: no cover - compiled only
+    """Prefetch the row ``a[perm[t]]`` of a per-edge array (nothing when it is absent)."""
+
+
+def _uses_order(vb, key, dsv):  # pragma: no cover - compiled only
+    """Whether an option reads per-edge data in CSR order (then the source pass
+    needs each edge's CSR position)."""
+
+
+def _src_ds(dsv, e, h, a, f, dout, i, v, j, vb, d, lo, n):  # pragma: no cover - compiled only
+    """The score gradient of edge ``e``, head ``h`` in the source pass:
+    ``a * (f * dout_i . (v_j + vb_e) - D_i)``, or ``dsv[e, h]`` when the
+    destination pass stored it (``dsv`` not ``None``)."""
+
+
+def _none(x) -> bool:
+    return isinstance(x, types.NoneType)
+
+
+@overload(_factor, **_OL)
+def _factor_ol(key, dscale, e, h, nh, one):  # pragma: no cover - compiled
+    if _none(key):
+        return lambda key, dscale, e, h, nh, one: one
+    return lambda key, dscale, e, h, nh, one: _keep(
+        key[0], key[1], key[2], key[3], dscale, e, h, nh, one
+    )
+
+
+@overload(_msg_dot, **_OL)
+def _msg_dot_ol(dout, i, v, j, vb, e, lo, n):  # pragma: no cover - compiled
+    if _none(vb):
+        return lambda dout, i, v, j, vb, e, lo, n: _dot(dout, i, v, j, lo, n)
+    return lambda dout, i, v, j, vb, e, lo, n: _dot_sum(dout, i, v, j, vb, e, lo, n)
+
+
+@overload(_msg_axpy, **_OL)
+def _msg_axpy_ol(acc, w, v, j, vb, e, lo, n):  # pragma: no cover - compiled
+    if _none(vb):
+        return lambda acc, w, v, j, vb, e, lo, n: _axpy(acc, w, v, j, lo, n)
+    return lambda acc, w, v, j, vb, e, lo, n: _axpy_sum(acc, w, v, j, vb, e, lo, n)
+
+
+# A call, not inlined: numba's typed inlining of the overloads above into a
+# branch (where _dst_grad recomputes) trips its SSA checks.
+@numba.njit(cache=True, fastmath=_FAST)
+def _edge_dp(dout, i, v, j, vb, e, key, dscale, h, nh, one, lo, n):  # pragma: no cover - compiled
+    """``dp`` of edge ``e``, head ``h``: ``f * dout_i^h . (v_j^h + vb_e^h)``."""
+    return _msg_dot(dout, i, v, j, vb, e, lo, n) * _factor(key, dscale, e, h, nh, one)
+
+
+@numba.njit(**_INLINE)
+def _store_scaled(out, e, w, a, i, lo, n):  # pragma: no cover - compiled
+    """``out[e, lo + c] = w * a[i, lo + c]`` over ``c < n``."""
+    b = lo & _NN
+    for c in range(n):
+        out[e, b + c] = w * a[i, b + c]
+
+
+@overload(_vb_grad, **_OL)
+def _vb_grad_ol(dvb, e, w, dout, i, lo, n):  # pragma: no cover - compiled
+    if _none(dvb):
+        return lambda dvb, e, w, dout, i, lo, n: None
+    return lambda dvb, e, w, dout, i, lo, n: _store_scaled(dvb, e, w, dout, i, lo, n)
+
+
+@overload(_prefetch_at, **_OL)
+def _prefetch_at_ol(a, perm, t):  # pragma: no cover - compiled
+    if _none(a):
+        return lambda a, perm, t: None
+    return lambda a, perm, t: _prefetch_row(a, perm[t] & _NN)
+
+
+@overload(_uses_order, **_OL)
+def _uses_order_ol(vb, key, dsv):  # pragma: no cover - compiled
+    if _none(vb) and _none(key) and _none(dsv):
+        return lambda vb, key, dsv: False
+    return lambda vb, key, dsv: True
+
+
+@overload(_src_ds, **_OL)
+def _src_ds_ol(dsv, e, h, a, f, dout, i, v, j, vb, d, lo, n):  # pragma: no cover - compiled
+    if _none(dsv):
+        return lambda dsv, e, h, a, f, dout, i, v, j, vb, d, lo, n: (
+            a * (_msg_dot(dout, i, v, j, vb, e, lo, n) * f - d)
+        )
+    return lambda dsv, e, h, a, f, dout, i, v, j, vb, d, lo, n: dsv[e, h]

@@ -1,0 +1,308 @@
+"""The fused attention backward: :func:`attention_bwd` and its two passes.
+
+See :mod:`._bwd_kernels` for what each pass computes and reads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ...graphs.csr import transpose_csr
+from ..common import Dropout, acc_dtype
+from ._bwd_kernels import (
+    _bwd_dst_kernel,
+    _bwd_dst_pieces_kernel,
+    _bwd_src_kernel,
+    _bwd_src_pieces_kernel,
+)
+from .plans import (
+    CPUPlan,
+    _bias,
+    _check_options,
+    _check_plan,
+    _check_qkv,
+    _check_rows,
+    _check_tensors,
+    _make_plan,
+    _np_dtype,
+    _option_args,
+    _rows,
+    _scalar,
+    _threads,
+)
+
+__all__ = ["attention_bwd", "attention_bwd_dst", "attention_bwd_src"]
+
+
+def attention_bwd_dst(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+    ptr: Tensor,
+    col: Tensor,
+    scale: float,
+    bias: Tensor | None = None,
+    *,
+    value_bias: Tensor | None = None,
+    dropout: Dropout | None = None,
+    plan: CPUPlan | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """The backward's destination pass: ``dq``, ``D``, the score and value-bias gradients.
+
+    Args:
+        q, k, v, lse, grad_out, ptr, col, scale, bias, value_bias, dropout,
+        plan: as in :func:`attention_bwd`.
+
+    Returns:
+        ``dq`` ``[N, H, C]`` (compute dtype), ``ld`` ``[N, 2H]`` (``lse`` and
+        ``D_i`` side by side, what the source pass reads per edge), the score
+        gradient ``dS`` ``[E, H]`` (with a bias or a value bias, else
+        ``None``; the source pass reads it as ``ds=`` when there is a value
+        bias) and the value bias's gradient ``[E, H, Cv]`` (``None`` without
+        one), all in the compute dtype.
+    """
+    e = _check_qkv(q, k, v, bias, ptr, col)
+    n, nh, cq = q.shape
+    cv = v.shape[2]
+    _check_rows("grad_out", grad_out, (n, nh, cv))
+    _check_rows("lse", lse, (n, nh))
+    drop = _check_options(value_bias, dropout, v, e)
+    if plan is None:
+        plan = _make_plan(ptr, col, k.shape[0], None)
+    else:
+        plan = _check_plan(plan, "plan", n, e, k.shape[0])
+        _threads()
+    dt = acc_dtype(q.dtype)
+    alloc = torch.empty if e else torch.zeros
+    dq = alloc(n, nh * cq, dtype=dt)
+    ld = torch.empty(n, 2 * nh, dtype=dt)
+    ld[:, :nh] = lse
+    ld[:, nh:] = 0
+    # The pass writes every edge's row of these.
+    keep_ds = bias is not None or value_bias is not None
+    ds = torch.empty(e, nh, dtype=dt) if keep_ds else None
+    dvb = torch.empty(e, nh * cv, dtype=dt) if value_bias is not None else None
+    if e and nh:
+        qq, kk, vv, go = _rows(q, dt), _rows(k, dt), _rows(v, dt), _rows(grad_out, dt)
+        ll = lse.detach().to(dt).contiguous().numpy()
+        bb, sc = _bias(bias, dt, nh), _scalar(scale, dt)
+        dd = ds.numpy() if ds is not None else np.empty((0, nh), _np_dtype(dt))
+        vb, key, dscale = _option_args(value_bias, drop, dt)
+        dvb_np = dvb.numpy() if dvb is not None else None
+        w = plan.work
+        args = (qq, kk, vv, go, ll, bb, bias is not None, vb, key, dscale)
+        _bwd_dst_kernel(
+            *args, plan.ptr, plan.col, sc, w.bounds, w.limit, dq.numpy(), ld.numpy(), dd, dvb_np
+        )  # fmt: skip
+        if w.pieces.shape[0]:
+            _bwd_dst_pieces_kernel(
+                *args, plan.col, sc, w.pieces, w.seg, dq.numpy(), ld.numpy(), dd, dvb_np
+            )  # fmt: skip
+    dvb_out = dvb.view(e, nh, cv) if dvb is not None else None
+    return dq.view(n, nh, cq), ld, ds, dvb_out
+
+
+def attention_bwd_src(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ld: Tensor,
+    grad_out: Tensor,
+    csc: tuple[Tensor, Tensor, Tensor] | None,
+    scale: float,
+    bias: Tensor | None = None,
+    *,
+    value_bias: Tensor | None = None,
+    dropout: Dropout | None = None,
+    ds: Tensor | None = None,
+    csc_plan: CPUPlan | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The backward's source pass: ``dk`` and ``dv`` over the transposed CSR.
+
+    Args:
+        q, k, v, grad_out, scale, bias, value_bias, dropout: as in
+            :func:`attention_bwd`.
+        ld: ``[N, 2H]`` from :func:`attention_bwd_dst`.
+        csc: ``(tptr, trow, tperm)``, the transposed CSR; checked here unless
+            ``csc_plan`` is given. With a ``csc_plan`` it may be ``None``, or
+            supply ``tperm`` to a plan made without ``perm=`` (then only its
+            shape is checked: the caller vouches that it is the plan's).
+        ds: optional ``[E, H]`` score gradient from :func:`attention_bwd_dst`:
+            read per edge (one cache line) instead of recomputed, and then
+            ``value_bias`` is not read (it enters only through ``dS``).
+            :func:`attention_bwd` passes it when there is a value bias, whose
+            rows this pass would otherwise gather per edge.
+        csc_plan: ``plan(tptr, trow, N, perm=tperm)``; made without ``perm``
+            it serves calls with ``bias``, ``value_bias``, ``dropout`` or ``ds``
+            only together with ``csc`` (whose ``tperm`` is then used unchecked).
+
+    Returns:
+        ``dk`` ``[M, H, C]`` and ``dv`` ``[M, H, Cv]`` in the compute dtype.
+    """
+    _check_tensors(q, k, v)
+    n, nh, cq = q.shape
+    m, cv = k.shape[0], v.shape[2]
+    dt = acc_dtype(q.dtype)
+    _check_rows("ld", ld, (n, 2 * nh))
+    _check_rows("grad_out", grad_out, (n, nh, cv))
+    if csc_plan is None:
+        if csc is None:
+            raise ValueError("Expected 'csc' (tptr, trow, tperm) or 'csc_plan', got neither")
+        tptr, trow, tperm = csc
+        e = trow.numel()
+        if tptr.numel() != m + 1 or tperm.numel() != e or (bias is not None and bias.shape[0] != e):
+            raise ValueError(
+                f"Expected 'csc' = transpose_csr(ptr, col, {m}) of a graph with the bias's edges, "
+                f"got shapes {[list(t.shape) for t in csc]}"
+            )
+        pl = _make_plan(tptr, trow, n, tperm, names=("csc", "csc", "csc"))
+    else:
+        pl = _check_plan(csc_plan, "csc_plan", m, None, n)
+        _threads()
+    e = pl.num_edges
+    perm = pl.perm
+    if perm is None and csc is not None:
+        perm = _companion_perm(csc, m, e)
+    if bias is not None:
+        _check_rows("bias", bias, (e, nh))
+    if ds is not None:
+        _check_rows("ds", ds, (e, nh))
+        value_bias = None  # it enters this pass only through dS
+    drop = _check_options(value_bias, dropout, v, e)
+    per_edge = bias is not None or value_bias is not None or drop is not None or ds is not None
+    if per_edge and perm is None:
+        raise ValueError(
+            "Expected 'csc' with a 'csc_plan' made without perm= (bias, value_bias, dropout "
+            "and ds are read at each edge's CSR position, csc[2]), got neither"
+        )
+    tperm_np = perm if perm is not None else np.empty(0, np.int64)
+    alloc = torch.empty if e else torch.zeros
+    dk = alloc(m, nh * cq, dtype=dt)
+    dv = alloc(m, nh * cv, dtype=dt)
+    if e and nh:
+        qq, kk, vv, go = _rows(q, dt), _rows(k, dt), _rows(v, dt), _rows(grad_out, dt)
+        lld = ld.detach().to(dt).contiguous().numpy()
+        bb, sc = _bias(bias, dt, nh), _scalar(scale, dt)
+        vb, key, dscale = _option_args(value_bias, drop, dt)
+        dsv = ds.detach().to(dt).contiguous().numpy() if ds is not None else None
+        w = pl.work
+        args = (qq, kk, vv, go, lld, bb, bias is not None, vb, key, dscale, dsv)
+        _bwd_src_kernel(
+            *args, pl.ptr, pl.col, tperm_np, sc, w.bounds, w.limit, dk.numpy(), dv.numpy()
+        )  # fmt: skip
+        if w.pieces.shape[0]:
+            _bwd_src_pieces_kernel(
+                *args, pl.col, tperm_np, sc, w.pieces, w.seg, dk.numpy(), dv.numpy()
+            )  # fmt: skip
+    return dk.view(m, nh, cq), dv.view(m, nh, cv)
+
+
+def _companion_perm(csc: tuple[Tensor, Tensor, Tensor], m: int, e: int) -> np.ndarray:
+    """``csc[2]`` given with a ``csc_plan`` made without ``perm``: its shape, dtype and
+    device are checked (O(1)), its values trusted, as the graph object that made both
+    vouches for them (as the Triton kernels do)."""
+    tptr, trow, tperm = csc
+    if tptr.numel() != m + 1 or trow.numel() != e or tperm.shape != (e,):
+        raise ValueError(
+            f"Expected 'csc' = transpose_csr(ptr, col, {m}) of the plan's graph, got shapes "
+            f"{[list(t.shape) for t in csc]}"
+        )
+    if tperm.dtype not in (torch.int32, torch.int64) or tperm.device.type != "cpu":
+        raise TypeError(
+            f"Expected 'csc' int32/int64 on the CPU, got {tperm.dtype} on {tperm.device}"
+        )
+    return tperm.contiguous().numpy()
+
+
+def attention_bwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor | None,
+    lse: Tensor,
+    grad_out: Tensor,
+    ptr: Tensor,
+    col: Tensor,
+    scale: float,
+    bias: Tensor | None = None,
+    *,
+    value_bias: Tensor | None = None,
+    dropout: Dropout | None = None,
+    csc: tuple[Tensor, Tensor, Tensor] | None = None,
+    plan: CPUPlan | None = None,
+    csc_plan: CPUPlan | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+    """Gradients of :func:`~gnnattn.kernels.cpu.attention_fwd` w.r.t. ``q``, ``k``, ``v``,
+    ``bias`` and ``value_bias``.
+
+    FlashAttention's recomputation: ``alpha`` comes back from ``lse``. ``dq``,
+    ``D_i`` and the per-edge gradients are summed per target over the CSR
+    (:func:`attention_bwd_dst`), ``dk`` and ``dv`` per source over the
+    transposed CSR (:func:`attention_bwd_src`), which recomputes the weights
+    (and the dropout mask) instead of reading stored ones.
+
+    Args:
+        q: ``[N, H, C]``, as in the forward.
+        k: ``[M, H, C]``.
+        v: ``[M, H, Cv]``.
+        out: ``[N, H, Cv]`` the forward output, or ``None``: this kernel
+            computes ``D_i`` from the edges and does not read it (so the
+            caller need not keep it); given, its shape is checked.
+        lse: ``[N, H]`` the forward log-sum-exp.
+        grad_out: ``[N, H, Cv]`` the gradient of ``out``.
+        ptr: ``[N + 1]`` int64 CSR pointers.
+        col: ``[E]`` int64 or int32 sources.
+        scale: as in the forward.
+        bias: the forward's ``[E, H]`` bias, or ``None``.
+        value_bias: the forward's ``[E, H, Cv]`` value bias, or ``None``.
+        dropout: the forward's :class:`~gnnattn.kernels.common.Dropout` (the
+            same key: the mask is regenerated), or ``None``.
+        csc: the transposed CSR ``(tptr, trow, tperm)`` of the graph
+            (:attr:`gnnattn.AttentionGraph.csc`); built here when neither it
+            nor ``csc_plan`` is given.
+        plan: ``plan(ptr, col, M)``, as in the forward.
+        csc_plan: ``plan(tptr, trow, N, perm=tperm)``: with both plans no
+            index array is read or checked (beyond its size) and ``csc`` is
+            not needed. ``plan(tptr, trow, N)`` without ``perm`` works too,
+            given ``csc``: its ``tperm`` is then trusted to be the plan's (as
+            the graph object guarantees) and not range-checked.
+
+    Returns:
+        ``dq``, ``dk``, ``dv`` (typed like ``q``, ``k``, ``v``), ``dbias``
+        ``[E, H]`` (the score gradient ``dS``, typed like ``bias``; ``None``
+        without a bias) and ``dvalue_bias`` ``[E, H, Cv]`` (typed like
+        ``value_bias``; ``None`` without one).
+
+    Raises:
+        ValueError: on shapes that do not fit, or ``ptr``/``col`` out of range.
+        TypeError: on non-floating inputs or non-integer ``ptr``/``col``.
+    """
+    _check_qkv(q, k, v, bias, ptr, col)
+    n, nh, _ = q.shape
+    m, cv = k.shape[0], v.shape[2]
+    if out is not None:
+        _check_rows("out", out, (n, nh, cv))
+    if plan is None:
+        plan = _make_plan(ptr, col, m, None)  # checked once, for both uses below
+    dq, ld, ds, dvb = attention_bwd_dst(
+        q, k, v, lse, grad_out, ptr, col, scale, bias, value_bias=value_bias, dropout=dropout,
+        plan=plan,
+    )  # fmt: skip
+    if csc_plan is not None:
+        _check_plan(csc_plan, "csc_plan", m, col.numel(), n)
+    elif csc is None:
+        # Built from the checked CSR: nothing to check again.
+        tptr, trow, tperm = transpose_csr(ptr, col, m)
+        csc_plan = _make_plan(tptr, trow, n, tperm, check=False)
+    # With a value bias the source pass reads dS instead of gathering the bias's rows.
+    dk, dv = attention_bwd_src(
+        q, k, v, ld, grad_out, csc, scale, bias, dropout=dropout,
+        ds=ds if value_bias is not None else None, csc_plan=csc_plan,
+    )  # fmt: skip
+    dbias = ds.to(bias.dtype) if bias is not None and ds is not None else None
+    dvalue_bias = dvb.to(value_bias.dtype) if value_bias is not None and dvb is not None else None
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias, dvalue_bias

@@ -1,0 +1,261 @@
+"""The fused attention forward: one pass per target over its incoming edges.
+
+Per target, a blockwise online softmax: the scores of a block of ``_BLOCK``
+edges (every head of an edge from one gathered ``k_j`` row) are held in a
+small array, the running max, sum and unnormalized output are rescaled when
+the max grows, and the weighted values are accumulated from one gathered
+``v_j`` row per edge (plus the edge's value-bias row, read in CSR order). Per
+edge the pass gathers ``k_j`` and ``v_j``; ``q_i`` and ``out_i`` are read and
+written once per target; no ``[E, C]`` array is made. Hubs are reduced in
+pieces whose ``(max, sum, acc)`` are merged in piece order.
+
+Dropout multiplies each weight by its keep factor as it is accumulated; the
+sum that normalizes, and so ``lse``, are of the undropped weights.
+
+NaN: a NaN score or value of a target's edge makes its output NaN (and a NaN
+score its ``lse``): the maximum keeps a NaN, a NaN weight makes the sum NaN,
+and only a zero sum (no edge, or only ``-inf`` scores) is not divided by.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import torch
+from numba import prange
+from torch import Tensor
+
+from ..common import Dropout, acc_dtype
+from ._edge import _factor, _msg_axpy, _score
+from ._simd import _AHEAD, _INLINE, _JIT, _NEG_INF, _NN, _axpy, _exp, _max, _prefetch_row
+from .plans import (
+    CPUPlan,
+    _bias,
+    _check_options,
+    _check_plan,
+    _check_qkv,
+    _make_plan,
+    _option_args,
+    _rows,
+    _scalar,
+    _threads,
+)
+
+__all__ = ["attention_fwd"]
+
+# Edges per block of scores held in registers/L1.
+_BLOCK = 64
+
+
+@numba.njit(**_INLINE)
+def _fwd_segment(
+    q, i, k, v, bias, has_bias, vb, key, dscale, col, s0, e0, scale, sc, m, tot, acc
+):  # pragma: no cover - compiled
+    """Online softmax of target ``i`` over the edges ``s0:e0``, a block at a time.
+
+    Leaves the running max ``m``, sum ``tot`` (of the undropped weights) and
+    unnormalized ``acc`` (per head) for :func:`_fwd_finish` or a merge with
+    other pieces.
+    """
+    nh = m.shape[0]
+    cq = q.shape[1] // nh
+    cv = v.shape[1] // nh
+    zero = q.dtype.type(0)
+    one = q.dtype.type(1)
+    m[:] = _NEG_INF
+    tot[:] = zero
+    acc[:] = zero
+    b0 = s0 & _NN
+    while b0 < e0:
+        nb = min(_BLOCK, e0 - b0)
+        # Scores of the block: every head of an edge from one gathered k row.
+        for t in range(nb):
+            ahead = b0 + t + _AHEAD
+            if ahead < col.shape[0]:
+                # v rows too: the weighted sum below reads them after the block.
+                jj = col[ahead] & _NN
+                _prefetch_row(k, jj)
+                _prefetch_row(v, jj)
+            j = col[b0 + t] & _NN
+            for h in range(nh):
+                sc[h, t] = _score(q, i, k, j, h, cq, scale, bias, b0 + t, has_bias)
+        for h in range(nh):
+            mb = m[h]
+            for t in range(nb):
+                mb = _max(mb, sc[h, t])
+            if not mb <= m[h]:
+                # A new maximum (or a NaN) rescales what was accumulated
+                # (exp(-inf) = 0 on the first finite score).
+                corr = _exp(m[h] - mb)
+                tot[h] *= corr
+                lo = (h * cv) & _NN
+                for c in range(cv):
+                    acc[lo + c] *= corr
+                m[h] = mb
+            # All -inf so far: shift by 0, every weight is 0 (never NaN).
+            shift = m[h] if m[h] != _NEG_INF else zero
+            w_sum = zero
+            for t in range(nb):
+                w = _exp(sc[h, t] - shift)
+                sc[h, t] = w
+                w_sum += w
+            tot[h] += w_sum
+        # The weighted sum: one gathered v row per edge (and the edge's own
+        # value-bias row), each weight times its dropout factor.
+        for t in range(nb):
+            e = b0 + t
+            j = col[e] & _NN
+            for h in range(nh):
+                w = sc[h, t] * _factor(key, dscale, e, h, nh, one)
+                _msg_axpy(acc, w, v, j, vb, e, h * cv, cv)
+        b0 += nb
+
+
+@numba.njit(**_INLINE)
+def _fwd_finish(m, tot, acc, out, lse, i):  # pragma: no cover - compiled
+    nh = m.shape[0]
+    cv = out.shape[1] // nh
+    zero = out.dtype.type(0)
+    one = out.dtype.type(1)
+    for h in range(nh):
+        lo = (h * cv) & _NN
+        # Only a zero sum (no edge, or only -inf scores) is not divided by:
+        # a NaN sum makes the output NaN. acc is 0 there unless a value is
+        # not finite (0 * inf), as in the reference.
+        d = tot[h]
+        inv = one if d == zero else one / d
+        for c in range(cv):
+            out[i, lo + c] = acc[lo + c] * inv
+        lse[i, h] = _NEG_INF if d == zero else m[h] + math.log(d)
+
+
+@numba.njit(**_JIT)
+def _fwd_kernel(
+    q, k, v, bias, has_bias, vb, key, dscale, ptr, col, scale, bounds, limit, out, lse
+):  # pragma: no cover - compiled
+    nh = lse.shape[1]
+    cv = v.shape[1] // nh
+    for ch in prange(bounds.shape[0] - 1):
+        sc = np.empty((nh, _BLOCK), dtype=q.dtype)
+        m = np.empty(nh, dtype=q.dtype)
+        tot = np.empty(nh, dtype=q.dtype)
+        acc = np.empty(nh * cv, dtype=q.dtype)
+        for i in range(bounds[ch] & _NN, bounds[ch + 1]):
+            s0, e0 = ptr[i], ptr[i + 1]
+            if e0 - s0 > limit:
+                continue  # a hub: _fwd_pieces_kernel
+            _fwd_segment(
+                q, i, k, v, bias, has_bias, vb, key, dscale, col, s0, e0, scale, sc, m, tot, acc
+            )
+            _fwd_finish(m, tot, acc, out, lse, i)
+
+
+@numba.njit(**_JIT)
+def _fwd_pieces_kernel(
+    q, k, v, bias, has_bias, vb, key, dscale, col, scale, pieces, seg, out, lse
+):  # pragma: no cover - compiled
+    nh = lse.shape[1]
+    cv = v.shape[1] // nh
+    npc = pieces.shape[0]
+    pm = np.empty((npc, nh), dtype=q.dtype)
+    pt = np.empty((npc, nh), dtype=q.dtype)
+    pa = np.empty((npc, nh * cv), dtype=q.dtype)
+    for x in prange(npc):
+        sc = np.empty((nh, _BLOCK), dtype=q.dtype)
+        _fwd_segment(
+            q, pieces[x, 0] & _NN, k, v, bias, has_bias, vb, key, dscale, col, pieces[x, 1],
+            pieces[x, 2], scale, sc, pm[x], pt[x], pa[x],
+        )  # fmt: skip
+    zero = q.dtype.type(0)
+    for s in prange(seg.shape[0] - 1):
+        m = np.empty(nh, dtype=q.dtype)
+        tot = np.empty(nh, dtype=q.dtype)
+        acc = np.zeros(nh * cv, dtype=q.dtype)
+        # Merge the pieces' (max, sum, acc) in piece order.
+        for h in range(nh):
+            mh = _NEG_INF
+            for x in range(seg[s] & _NN, seg[s + 1]):
+                mh = _max(mh, pm[x, h])
+            m[h] = mh
+            shift = mh if mh != _NEG_INF else zero
+            tot[h] = zero
+            for x in range(seg[s] & _NN, seg[s + 1]):
+                f = _exp(pm[x, h] - shift)
+                tot[h] += pt[x, h] * f
+                _axpy(acc, f, pa, x, h * cv, cv)
+        _fwd_finish(m, tot, acc, out, lse, pieces[seg[s], 0] & _NN)
+
+
+def attention_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ptr: Tensor,
+    col: Tensor,
+    scale: float,
+    bias: Tensor | None = None,
+    *,
+    value_bias: Tensor | None = None,
+    dropout: Dropout | None = None,
+    plan: CPUPlan | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Sparse attention over a destination-sorted CSR graph.
+
+    One pass per target over its incoming edges with a blockwise online
+    softmax; no ``[E, C]`` array is made.
+
+    Args:
+        q: ``[N, H, C]`` queries of the targets.
+        k: ``[M, H, C]`` keys of the sources.
+        v: ``[M, H, Cv]`` values of the sources.
+        ptr: ``[N + 1]`` int64 CSR pointers (incoming edges per target).
+        col: ``[E]`` int64 or int32 source of each edge.
+        scale: multiplies ``q . k``.
+        bias: optional ``[E, H]`` additive score bias (edge features).
+        value_bias: optional ``[E, H, Cv]`` added to the source's value on
+            each edge (CSR order): ``out_i = sum_j alpha_ij (v_j + value_bias_ij)``.
+        dropout: optional :class:`~gnnattn.kernels.common.Dropout`: the
+            weights its stream drops are zeroed, the others scaled by
+            ``1 / (1 - p)``, after the softmax (``p = 0`` drops nothing).
+        plan: ``plan(ptr, col, M)`` (:func:`~gnnattn.kernels.cpu.plan`):
+            then ``ptr`` and ``col`` are neither read nor checked beyond their
+            sizes, and the kernels run on the plan's (checked) arrays.
+
+    Returns:
+        ``out`` ``[N, H, Cv]`` typed like ``q`` and the log-sum-exp ``lse``
+        ``[N, H]`` (of the undropped scores) in the compute dtype (float64 for
+        float64, else float32); ``lse = -inf`` and ``out = 0`` where a target
+        has no finite score; NaN where a score or value it reads is NaN.
+
+    Raises:
+        ValueError: on shapes that do not fit, or ``ptr``/``col`` out of range.
+        TypeError: on non-floating inputs or non-integer ``ptr``/``col``.
+    """
+    e = _check_qkv(q, k, v, bias, ptr, col)
+    drop = _check_options(value_bias, dropout, v, e)
+    if plan is None:
+        plan = _make_plan(ptr, col, k.shape[0], None)
+    else:
+        plan = _check_plan(plan, "plan", q.shape[0], e, k.shape[0])
+        _threads()
+    dt = acc_dtype(q.dtype)
+    n, nh, cv = q.shape[0], q.shape[1], v.shape[2]
+    out = torch.empty(n, nh * cv, dtype=dt)
+    lse = torch.empty(n, nh, dtype=dt)
+    if n * nh:
+        qq, kk, vv = _rows(q, dt), _rows(k, dt), _rows(v, dt)
+        bb, sc = _bias(bias, dt, nh), _scalar(scale, dt)
+        vb, key, dscale = _option_args(value_bias, drop, dt)
+        w, o, ls = plan.work, out.numpy(), lse.numpy()
+        has_bias = bias is not None
+        _fwd_kernel(
+            qq, kk, vv, bb, has_bias, vb, key, dscale, plan.ptr, plan.col, sc, w.bounds, w.limit, o,
+            ls
+        )  # fmt: skip
+        if w.pieces.shape[0]:
+            _fwd_pieces_kernel(
+                qq, kk, vv, bb, has_bias, vb, key, dscale, plan.col, sc, w.pieces, w.seg, o, ls
+            )  # fmt: skip
+    return out.view(n, nh, cv).to(q.dtype), lse

@@ -1,0 +1,318 @@
+"""Plans (a CSR checked once, and how a pass over it is split), and the checks of a call.
+
+**Work split.** The ``prange`` iterations of a pass are chunks of
+consecutive targets (for the source pass, of consecutive sources), about
+``4 x threads`` of them, cut so that each holds about the same number of
+edges. A segment with more than ``max(2048, E / 64)`` edges (a hub) is cut
+into pieces of that many edges, each reduced on its own and combined
+afterwards in piece order (the online softmax's ``(max, sum, acc)`` merge
+forward, plain sums backward); the cut depends only on the graph, never on
+the thread count, so neither do the results: every sum over a segment or a
+piece is made by one thread in one compiled loop, in a fixed order.
+
+**Plans.** :func:`plan` checks a CSR (``ptr`` well formed, every id in
+range: the compiled gathers do not bounds-check) and makes the split, once
+per graph: the graph object keeps the result and passes it to every call
+as ``plan=`` (and the transposed CSR's as ``csc_plan=``), and a call given
+plans reads neither index array nor splits anything; it only checks the
+O(1) things (shapes, dtypes). A call without plans checks and plans on its
+own, every time. A plan is made for the thread count of its time
+(:attr:`CPUPlan.threads`: about four chunks per thread); used under another
+count it gives the same results, only balanced for the other.
+
+**Index width.** ``ptr`` is int64; ``col`` (and the transposed CSR's ``row``
+and ``perm``) may be int32 or int64: numba compiles a version for each.
+:class:`gnnattn.AttentionGraph` keeps its transposed CSR in int32 on the CPU
+and an int32 CSR adjacency as given.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..common import Dropout, check_index, check_ptr
+from ._random import stream
+
+_CHUNKS_PER_THREAD = 4
+# Hubs: a segment longer than max(_PIECE_MIN, E // _PIECES) edges is cut.
+_PIECE_MIN = 2048
+_PIECES = 64
+
+
+def _threads() -> int:
+    """torch's thread count (what users set), given to numba's own pool too."""
+    limit = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
+    n = max(1, min(torch.get_num_threads(), limit))
+    numba.set_num_threads(n)
+    return n
+
+
+def _piece_limit(num_edges: int) -> int:
+    """Longest segment reduced in one piece; depends only on the graph."""
+    return max(_PIECE_MIN, num_edges // _PIECES)
+
+
+class _Plan:
+    """How one pass over a CSR is split: chunks of whole segments, and hub pieces.
+
+    Attributes:
+        bounds: ``[K + 1]`` segment boundaries of the chunks (about equal
+            edge counts, hubs counted as ``limit``).
+        limit: segments with more edges are skipped by the chunks and cut
+            into pieces.
+        pieces: ``[P, 3]`` (segment, start, end) of every hub piece, hub
+            after hub; ``[0, 3]`` when there is no hub.
+        seg: ``[S + 1]``: the pieces of hub ``s`` are ``seg[s]:seg[s+1]``.
+    """
+
+    def __init__(self, ptr: np.ndarray, num_edges: int, threads: int) -> None:
+        n = ptr.shape[0] - 1
+        self.limit = _piece_limit(num_edges)
+        deg = np.diff(ptr)
+        big = np.flatnonzero(deg > self.limit)
+        k = max(1, min(n, _CHUNKS_PER_THREAD * threads))
+        if big.size:
+            # Balance on the edges the chunks really run (plus one per node
+            # for its own row), not on the hubs they skip.
+            work = np.cumsum(np.minimum(deg, self.limit) + 1)
+            cuts = np.searchsorted(work, np.linspace(0, int(work[-1]), k + 1), side="left")
+        else:
+            cuts = np.searchsorted(ptr, np.linspace(0, num_edges, k + 1), side="left")
+        cuts[0], cuts[-1] = 0, n
+        # Equal cuts (a big segment, or no edges) make empty chunks: drop them.
+        self.bounds = np.unique(cuts).astype(np.int64)
+        counts = (deg[big] + self.limit - 1) // self.limit  # pieces per hub
+        self.seg = np.zeros(big.size + 1, np.int64)
+        np.cumsum(counts, out=self.seg[1:])
+        total = int(self.seg[-1])
+        self.pieces = np.empty((total, 3), np.int64)
+        if total:
+            hub = np.repeat(big, counts)
+            first = np.repeat(self.seg[:-1], counts)
+            start = ptr[hub] + (np.arange(total) - first) * self.limit
+            self.pieces[:, 0] = hub
+            self.pieces[:, 1] = start
+            self.pieces[:, 2] = np.minimum(start + self.limit, ptr[hub + 1])
+
+
+@dataclass(frozen=True, eq=False)
+class CPUPlan:
+    """A checked CSR and its work split, from :func:`plan`.
+
+    Attributes:
+        ptr: int64 ``[N + 1]`` pointers (a numpy view of the checked tensor).
+        col: int32/int64 ``[E]`` column ids, each in ``[0, num_cols)``.
+        perm: int32/int64 ``[E]`` ids in ``[0, E)`` (the transposed CSR's
+            ``perm``), or ``None`` when not given.
+        num_cols: what ``col`` was checked against.
+        threads: the thread count the split was made for.
+        work: the split (chunks and hub pieces).
+    """
+
+    ptr: np.ndarray
+    col: np.ndarray
+    perm: np.ndarray | None
+    num_cols: int
+    threads: int
+    work: _Plan
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.ptr.shape[0]) - 1
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.col.shape[0])
+
+
+def plan(ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None) -> CPUPlan:
+    """Check a CSR once and split the passes over it, for the current thread count.
+
+    For the transposed CSR ``(tptr, trow, tperm)`` of a graph with ``N``
+    targets, ``plan(tptr, trow, N, perm=tperm)``: the source pass reads the
+    bias, the value bias and the dropout stream at ``tperm[t]``, so ``perm``
+    is checked too and kept. A plan made without it (the reference's and the
+    Triton kernels' signature) serves calls with those options only with
+    ``csc=`` given alongside, whose ``tperm`` is then trusted unchecked.
+
+    Args:
+        ptr: int64 ``[N + 1]`` CSR pointers.
+        col: int32/int64 ``[E]`` column of each entry.
+        num_cols: ids of ``col`` must be in ``[0, num_cols)``.
+        perm: optional int32/int64 ``[E]``, ids in ``[0, E)``.
+
+    Returns:
+        A :class:`CPUPlan`, for the kernels' ``plan=`` / ``csc_plan=``.
+
+    Raises:
+        TypeError, ValueError: naming the argument that is not as expected.
+    """
+    return _make_plan(ptr, col, num_cols, perm)
+
+
+def _make_plan(
+    ptr: Tensor,
+    col: Tensor,
+    num_cols: int,
+    perm: Tensor | None,
+    names: tuple[str, str, str] = ("ptr", "col", "perm"),
+    check: bool = True,
+) -> CPUPlan:
+    """:func:`plan`; ``check=False`` for indices made here (a transposed CSR of checked ones)."""
+    if check:
+        _on_cpu(names[1], col)
+        check_index(col, num_cols, names[1])
+        _on_cpu(names[0], ptr)
+        check_ptr(ptr, col.numel(), names[0])
+        if perm is not None:
+            _on_cpu(names[2], perm)
+            check_index(perm, col.numel(), names[2])
+            if perm.numel() != col.numel():
+                raise ValueError(
+                    f"Expected '{names[2]}' of shape [{col.numel()}], got {list(perm.shape)}"
+                )
+    p = ptr.contiguous().numpy()
+    c = col.contiguous().numpy()
+    pm = perm.contiguous().numpy() if perm is not None else None
+    threads = _threads()
+    return CPUPlan(p, c, pm, int(num_cols), threads, _Plan(p, c.shape[0], threads))
+
+
+def _check_plan(
+    pl: object, name: str, num_rows: int, num_edges: int | None, num_cols: int
+) -> CPUPlan:
+    """``pl`` as a :class:`CPUPlan` of a CSR of these sizes (O(1): nothing is scanned;
+    ``num_edges=None``: any)."""
+    if not isinstance(pl, CPUPlan):
+        raise TypeError(
+            f"Expected '{name}' from gnnattn.kernels.cpu.plan(), got {type(pl).__name__}"
+        )
+    e = pl.num_edges if num_edges is None else num_edges
+    if (pl.num_rows, pl.num_edges, pl.num_cols) != (num_rows, e, num_cols):
+        raise ValueError(
+            f"Expected '{name}' of a CSR with {num_rows} rows, {e} edges and ids in "
+            f"[0, {num_cols}), got one with {pl.num_rows}, {pl.num_edges} and [0, {pl.num_cols})"
+        )
+    return pl
+
+
+# ------------------------------------------------------------------ checks
+
+
+def _on_cpu(name: str, t: Tensor) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"Expected '{name}' to be a Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"Expected '{name}' on the CPU, got {t.device}")
+
+
+def _floating(name: str, t: Tensor) -> None:
+    _on_cpu(name, t)
+    if not t.is_floating_point():
+        raise TypeError(f"Expected '{name}' of a floating dtype, got {t.dtype}")
+
+
+def _check_tensors(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """``q`` ``[N, H, C]``, ``k`` ``[M, H, C]``, ``v`` ``[M, H, Cv]``, of one floating dtype."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _floating(name, t)
+        if t.dim() != 3:
+            raise ValueError(f"Expected '{name}' of rank 3 [*, H, C], got {list(t.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"Expected 'q', 'k', 'v' of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[1:] != k.shape[1:] or k.shape[:2] != v.shape[:2]:
+        raise ValueError(
+            f"Expected 'q' [N, H, C], 'k' [M, H, C] and 'v' [M, H, Cv], got "
+            f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}"
+        )
+
+
+def _check_qkv(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, ptr: Tensor, col: Tensor
+) -> int:
+    """The O(1) checks of ``q``, ``k``, ``v``, the sizes of ``ptr`` and ``col`` (their
+    values are checked by :func:`plan`) and ``bias``; returns the number of edges."""
+    _check_tensors(q, k, v)
+    for name, t in (("ptr", ptr), ("col", col)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"Expected '{name}' to be a Tensor, got {type(t).__name__}")
+    n = q.shape[0]
+    if ptr.dim() != 1 or ptr.numel() != n + 1:
+        raise ValueError(
+            f"Expected 'ptr' of shape [N + 1] = [{n + 1}] for 'q' of {n} rows, "
+            f"got {list(ptr.shape)}"
+        )
+    e = col.numel()
+    if bias is not None:
+        _check_rows("bias", bias, (e, q.shape[1]))
+    return e
+
+
+def _check_rows(name: str, t: Tensor, shape: tuple[int, ...]) -> None:
+    _floating(name, t)
+    if tuple(t.shape) != shape:
+        raise ValueError(f"Expected '{name}' of shape {list(shape)}, got {list(t.shape)}")
+
+
+def _check_options(
+    value_bias: Tensor | None, dropout: Dropout | None, v: Tensor, num_edges: int
+) -> Dropout | None:
+    """Check the options; the dropout to apply (``None`` for ``p = 0``: nothing is dropped)."""
+    if value_bias is not None:
+        _check_rows("value_bias", value_bias, (num_edges, v.shape[1], v.shape[2]))
+    if dropout is None:
+        return None
+    if not isinstance(dropout, Dropout):
+        raise TypeError(
+            f"Expected 'dropout' a gnnattn.kernels.common.Dropout, got {type(dropout).__name__}"
+        )
+    if not 0.0 <= dropout.p < 1.0:
+        raise ValueError(f"Expected 'dropout' with p in [0, 1), got p = {dropout.p}")
+    return dropout if dropout.threshold > 0 else None
+
+
+# ------------------------------------------------------------------ conversions
+
+
+def _flat(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` ``[E, ...]`` as a contiguous ``[E, F]`` tensor of ``dtype``."""
+    # .detach(): .numpy() refuses tensors that require grad; no copy when
+    # the dtype and layout already fit.
+    t = t.detach().to(dtype)
+    return t.reshape(t.shape[0], math.prod(t.shape[1:])).contiguous()  # (E, F)
+
+
+def _rows(t: Tensor, dtype: torch.dtype) -> np.ndarray:
+    """``[N, H, C]`` as a contiguous ``[N, H*C]`` numpy array (no copy when it fits)."""
+    return _flat(t, dtype).numpy()
+
+
+def _np_dtype(dt: torch.dtype) -> type:
+    return np.float64 if dt == torch.float64 else np.float32
+
+
+def _scalar(x: float, dtype: torch.dtype) -> np.floating:
+    # A float64 scale would promote every float32 product to float64.
+    return np.float64(x) if dtype == torch.float64 else np.float32(x)
+
+
+def _bias(bias: Tensor | None, dt: torch.dtype, nh: int) -> np.ndarray:
+    if bias is None:
+        return np.empty((0, nh), _np_dtype(dt))
+    return bias.detach().to(dt).contiguous().numpy()
+
+
+def _option_args(
+    value_bias: Tensor | None, dropout: Dropout | None, dt: torch.dtype
+) -> tuple[np.ndarray | None, np.ndarray | None, np.floating]:
+    """The kernels' ``vb`` (``[E, H*Cv]`` rows), ``key`` and ``dscale``; ``None`` for an
+    absent option (the specialisation without it)."""
+    vb = _rows(value_bias, dt) if value_bias is not None else None
+    key = stream(dropout) if dropout is not None else None
+    return vb, key, _scalar(dropout.scale if dropout is not None else 1.0, dt)
