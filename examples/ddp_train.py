@@ -35,32 +35,31 @@ a ring all-reduce over 3 or more ranks sums in an order that depends on them.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
+import math
 import os
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from checkpoints import (  # noqa: E402
+from common import (  # examples/common.py, next to this file
     check_config,
     fail_once,
     load_model_state,
+    parse_training_args,
     read_checkpoint,
     rng_state,
+    run_config,
     save_checkpoint,
     set_rng_state,
+    training_parser,
 )
-from tiny_gpt import CharGPT, batches, evaluate, load_text  # noqa: E402
+from tiny_gpt import CharGPT, batches, cross_entropy, evaluate, load_data, sequences
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
 
 CKPT_NAME = "ddp_ckpt.pt"  # in --out; always the latest (replaced atomically by rank 0)
 
@@ -73,17 +72,28 @@ def param_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def save(args, step: int, model: torch.nn.Module, opt, gen: torch.Generator, extra: dict) -> None:
+    """Rank 0 writes the checkpoint after ``step``, with every rank's random states.
+
+    One file holds them all, so a checkpoint is whole or absent: never rank 0 at
+    one step and rank 1 at another. Every rank must call this (a collective).
+    """
+    rngs: list[dict | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(rngs, rng_state(gen))
+    if dist.get_rank() == 0:
+        state = {
+            "config": extra["config"],
+            "step": step,
+            "model": {k: v.cpu() for k, v in model.state_dict().items()},
+            "optimizer": opt.state_dict(),
+            "rng": rngs,
+            "loss_start": extra["loss_start"],
+        }
+        save_checkpoint(args.out / CKPT_NAME, state)
+
+
 def train(
-    model: torch.nn.Module,
-    train_data: torch.Tensor,
-    args: argparse.Namespace,
-    steps: int,
-    block: int,
-    device: torch.device,
-    rank: int,
-    world: int,
-    ckpt: dict | None,
-    extra: dict,
+    model: torch.nn.Module, train_data: torch.Tensor, args, ckpt: dict | None, extra: dict
 ) -> float:
     """Train ``model`` in place under DistributedDataParallel; returns the seconds taken.
 
@@ -91,6 +101,8 @@ def train(
     checkpoint with ``extra`` in it every ``args.ckpt_every`` steps. The DDP wrapper
     is local to this function, so it is freed on return.
     """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = next(model.parameters()).device
     ddp = DistributedDataParallel(
         model, device_ids=None if device.type == "cpu" else [device.index]
     )
@@ -102,43 +114,30 @@ def train(
         opt.load_state_dict(ckpt["optimizer"])
         set_rng_state(ckpt["rng"][rank], gen)  # this rank's own batches continue
         start = ckpt["step"]
-    it = batches(train_data, block, args.batch_size, gen)
+    it = batches(train_data, args.block, args.batch_size, gen)
+    graph = sequences(args.batch_size, args.block, device)  # the same graph for every step
     t0 = time.perf_counter()
     bar = tqdm(
-        range(start + 1, steps + 1),
+        range(start + 1, args.steps + 1),
         desc=f"rank {rank}/{world}",
         initial=start,
-        total=steps,
+        total=args.steps,
         disable=rank != 0,
         mininterval=1.0,
     )
     for step in bar:
         x, y = next(it)
-        logits = ddp(x.to(device))
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.to(device).reshape(-1))
+        loss = cross_entropy(ddp(x.to(device), graph), y.to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()  # gradients all-reduced (averaged) across ranks here
         opt.step()
         avg = loss.detach().clone()
         dist.all_reduce(avg)
         bar.set_postfix(loss=f"{avg.item() / world:.3f}", refresh=False)
-        if args.ckpt_every and (step % args.ckpt_every == 0 or step == steps):
-            # One file holds every rank's random states, so a checkpoint is whole
-            # or absent: never rank 0 at one step and rank 1 at another.
-            rngs: list[dict | None] = [None] * world
-            dist.all_gather_object(rngs, rng_state(gen))
-            if rank == 0:
-                state = {
-                    "config": extra["config"],
-                    "step": step,
-                    "model": {k: v.cpu() for k, v in model.state_dict().items()},
-                    "optimizer": opt.state_dict(),
-                    "rng": rngs,
-                    "loss_start": extra["loss_start"],
-                }
-                save_checkpoint(args.out / CKPT_NAME, state)
+        if args.ckpt_every and (step % args.ckpt_every == 0 or step == args.steps):
+            save(args, step, model, opt, gen, extra)
         if rank == min(1, world - 1):  # rank 1; rank 0 when it runs alone
-            fail_once(args.out, step, args.fail_at_step)
+            fail_once(args.out, step)  # a test hook (GNNATTN_FAIL_AT_STEP), see common.py
     bar.close()
     return time.perf_counter() - t0
 
@@ -172,15 +171,18 @@ def init_distributed(backend: str, timeout: timedelta) -> None:
     )
 
 
-def resume(path: Path | None, config: dict, rank: int) -> dict | None:
-    """The checkpoint to continue from on every rank, or None (no --resume, or no file).
+def resume(path: Path | None, config: dict, model: torch.nn.Module) -> dict | None:
+    """The checkpoint to continue from on every rank (its weights loaded into ``model``),
+    or None (no --resume, or no file).
 
     Rank 0 reads the file and broadcasts what it found (the checkpoint, nothing, or the
     error), so only rank 0 needs to see it and every rank decides alike: a bad file
-    raises the same ValueError everywhere instead of leaving the others waiting.
+    raises the same ValueError everywhere instead of leaving the others waiting (each
+    rank then leaves the group cleanly).
     """
     if path is None:
         return None
+    rank = dist.get_rank()
     found: list = [None]
     if rank == 0:
         try:
@@ -191,64 +193,60 @@ def resume(path: Path | None, config: dict, rank: int) -> dict | None:
             print(f"no checkpoint at {path}: starting fresh", flush=True)
     dist.broadcast_object_list(found, src=0)
     ckpt = found[0]
-    if isinstance(ckpt, str):
-        raise ValueError(ckpt)
-    if ckpt is not None:
-        check_config(ckpt, config, path)
-        if rank == 0:
-            print(f"resumed from {path} at step {ckpt['step']}", flush=True)
+    try:
+        if isinstance(ckpt, str):
+            raise ValueError(ckpt)
+        if ckpt is not None:
+            check_config(ckpt, config, path)
+            load_model_state(model, ckpt["model"], path)
+    except ValueError:
+        dist.destroy_process_group()
+        raise
+    if ckpt is not None and rank == 0:
+        print(f"resumed from {path} at step {ckpt['step']}", flush=True)
     return ckpt
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="a small run, under a minute")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--block", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=16, help="per process")
-    p.add_argument("--embed-dim", type=int, default=None)
-    p.add_argument("--layers", type=int, default=None)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("gnnattn-demo-out"))
+def report(model: torch.nn.Module, val_data: torch.Tensor, args, loss_start: float, seconds: float):
+    """Every rank's parameter digest to rank 0, which evaluates and prints ``RESULT``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    digests: list[str | None] = [None] * world
+    dist.all_gather_object(digests, param_digest(model))  # the last collective
+    if rank != 0:
+        return None
+    loss_end = evaluate(model, val_data, args.block, 2, args.seed)
+    same = len(set(digests)) == 1
+    print(
+        f"{world} processes, {args.steps} steps in {seconds:.1f} s; validation loss "
+        f"{loss_start:.3f} -> {loss_end:.3f}; parameters identical on all ranks: {same}"
+    )
+    result = {
+        "world_size": world,
+        "steps": args.steps,
+        "loss_start": loss_start,
+        "loss_end": loss_end,
+        "digests": digests,
+        "identical": same,
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+    return result
+
+
+def parse_args(argv: list[str] | None = None):
+    p = training_parser(__doc__.split("\n")[0], ckpt_name=CKPT_NAME, batch_size=16)
     p.add_argument(
         "--timeout",
         type=float,
         default=90.0,
         help="seconds a collective waits for the other ranks before it fails (a dead peer)",
     )
-    p.add_argument(
-        "--ckpt-every",
-        type=int,
-        default=100,
-        help=f"rank 0 writes --out/{CKPT_NAME} every this many steps and at the end (0: never)",
-    )
-    p.add_argument(
-        "--resume",
-        type=Path,
-        nargs="?",
-        const=Path(""),
-        default=None,
-        help=f"continue from a checkpoint (default: --out/{CKPT_NAME}); none there: start fresh",
-    )
-    p.add_argument(
-        "--fail-at-step",
-        type=int,
-        default=None,
-        help="for tests: rank 1 exits with status 1 after this step, once (a file in --out "
-        "records it); under torchrun --max-restarts the group restarts",
-    )
-    args = p.parse_args(argv)
-    if args.ckpt_every < 0:
-        p.error(f"--ckpt-every: expected a number of steps >= 0, got {args.ckpt_every}")
-    if args.resume == Path(""):
-        args.resume = args.out / CKPT_NAME
-    steps = args.steps or (60 if args.quick else 2000)
-    block = args.block or (32 if args.quick else 96)
-    dim = args.embed_dim or (32 if args.quick else 128)
-    layers = args.layers or (2 if args.quick else 4)
+    quick = {"steps": 60, "block": 32, "embed_dim": 32, "layers": 2}
+    full = {"steps": 2000, "block": 96, "embed_dim": 128, "layers": 4}
+    return parse_training_args(p, argv, ckpt_name=CKPT_NAME, quick=quick, full=full)
 
+
+def main(argv: list[str] | None = None) -> dict | None:
+    args = parse_args(argv)
     if "RANK" not in os.environ:
         raise SystemExit(
             "ddp_train.py runs under torchrun, e.g.\n"
@@ -264,67 +262,25 @@ def main(argv: list[str] | None = None) -> dict | None:
     )
     if use_cuda:
         torch.cuda.set_device(device)
-
-    text, vocab = load_text()
-    stoi = {c: i for i, c in enumerate(vocab)}
-    data = torch.tensor([stoi[c] for c in text])
-    split = int(0.9 * data.numel())
-    train_data, val_data = data[:split], data[split:]
-
+    text = load_data()
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP also broadcasts)
-    model = CharGPT(len(vocab), block, dim, args.heads, layers).to(device)
+    model = CharGPT(len(text.vocab), args.block, args.embed_dim, args.heads, args.layers)
+    model = model.to(device)
     args.out.mkdir(parents=True, exist_ok=True)
-    # Everything that shapes the run: a checkpoint of another run is refused.
-    config = {
-        "vocab": "".join(vocab),
-        "block": block,
-        "embed_dim": dim,
-        "layers": layers,
-        "heads": args.heads,
-        "lr": args.lr,
-        "batch_size": args.batch_size,
-        "seed": args.seed,
-        "world_size": world,  # one data stream (and random state) per rank
-    }
-    try:
-        ckpt = resume(args.resume, config, rank)
-        if ckpt is not None:
-            load_model_state(model, ckpt["model"], args.resume)
-    except ValueError:
-        # Every rank raises the same error (all hold the same checkpoint, see resume());
-        # leave the group cleanly.
-        dist.destroy_process_group()
-        raise
+    # One data stream (and random state) per rank: the number of ranks shapes the run.
+    config = run_config(args, text.vocab, world_size=world)
+    ckpt = resume(args.resume, config, model)
     if ckpt is not None:
         loss_start = ckpt["loss_start"]
     else:
-        loss_start = evaluate(model, val_data, block, 2, args.seed) if rank == 0 else float("nan")
+        loss_start = evaluate(model, text.val, args.block, 2, args.seed) if rank == 0 else math.nan
     # The DDP wrapper (and its C++ Reducer, which holds the process group) lives only
     # inside train(): it is gone before destroy_process_group() below, see the note there.
     extra = {"config": config, "loss_start": loss_start}
-    seconds = train(model, train_data, args, steps, block, device, rank, world, ckpt, extra)
-
+    seconds = train(model, text.train, args, ckpt, extra)
     torch.save({k: v.cpu() for k, v in model.state_dict().items()}, args.out / f"ddp_rank{rank}.pt")
-    digests: list[str | None] = [None] * world
-    dist.all_gather_object(digests, param_digest(model))  # the last collective
-    result = None
-    if rank == 0:
-        loss_end = evaluate(model, val_data, block, 2, args.seed)
-        same = len(set(digests)) == 1
-        print(
-            f"{world} processes, {steps} steps in {seconds:.1f} s; validation loss "
-            f"{loss_start:.3f} -> {loss_end:.3f}; parameters identical on all ranks: {same}"
-        )
-        result = {
-            "world_size": world,
-            "steps": steps,
-            "loss_start": loss_start,
-            "loss_end": loss_end,
-            "digests": digests,
-            "identical": same,
-        }
-        print("RESULT " + json.dumps(result), flush=True)
-    # No barrier here: all_gather_object above already synchronized the ranks, and
+    result = report(model, text.val, args, loss_start, seconds)
+    # No barrier here: all_gather_object in report() already synchronized the ranks, and
     # rank 0's evaluation is local. Only Python ProcessGroup objects still hold the
     # group now (the DDP Reducer is gone with train()), and their destructor releases
     # the GIL while it joins gloo's worker threads. Had DDP's Reducer held the last

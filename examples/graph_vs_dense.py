@@ -1,10 +1,11 @@
 """The same transformer as graph attention and as dense attention: equal outputs, timings.
 
-A two-layer :class:`gnnattn.nn.GraphTransformer` and its twin
-``torch.nn.TransformerEncoder`` (converted with ``to_torch``, same weights)
-run on the same batch of B causal sequences of T tokens. For every gnnattn
-backend ("mp": message passing, "sdpa": SDPA on the detected structure,
-"fused": the sparse CSR kernel) it checks the outputs and input gradients
+A two-layer ``torch.nn.TransformerEncoder`` and its twin
+:class:`gnnattn.nn.GraphTransformer` (converted with ``from_torch``, same
+weights) run on the same batch of B causal sequences of T tokens. For every
+gnnattn backend ("mp": message passing, "sdpa": SDPA on the detected
+structure, "fused": the sparse CSR kernel), chosen per call with
+``model(x, graph, backend=...)``, it checks the outputs and input gradients
 against torch and times forward + backward (median of a few runs; the ratios
 are what matters on a noisy machine).
 
@@ -44,13 +45,21 @@ def median_seconds(fn: Callable[[], Tensor], reps: int) -> float:
     return statistics.median(times)
 
 
-def run(t: int, batch_size: int, dim: int, heads: int, reps: int) -> dict:
+def twins(dim: int, heads: int) -> tuple[torch.nn.TransformerEncoder, GraphTransformer]:
+    """A seeded 2-layer ``torch.nn.TransformerEncoder`` and the same weights as a causal
+    ``GraphTransformer`` (``from_torch``)."""
     torch.manual_seed(0)
-    model = GraphTransformer(2, dim, heads, causal=True).eval()
+    layer = torch.nn.TransformerEncoderLayer(
+        dim, heads, 4 * dim, 0.0, batch_first=True, norm_first=True
+    )
     twin = torch.nn.TransformerEncoder(
-        model._layer(0).to_torch(), 2, norm=model.norm, enable_nested_tensor=False
+        layer, 2, norm=torch.nn.LayerNorm(dim), enable_nested_tensor=False
     ).eval()
-    twin.layers[1] = model._layer(1).to_torch().eval()  # (the constructor copies layer 0)
+    return twin, GraphTransformer.from_torch(twin, causal=True).eval()
+
+
+def run(t: int, batch_size: int, dim: int, heads: int, reps: int) -> dict:
+    twin, model = twins(dim, heads)
     x = torch.randn(batch_size, t, dim, requires_grad=True)
     mask = torch.nn.Transformer.generate_square_subsequent_mask(t)
     ref = twin(x, mask=mask, is_causal=True)  # (B, T, D)
@@ -64,16 +73,16 @@ def run(t: int, batch_size: int, dim: int, heads: int, reps: int) -> dict:
     row["torch_s"] = median_seconds(
         lambda: twin(x, mask=mask, is_causal=True).sum().backward(), reps
     )
-    for backend in BACKENDS:
-        for i in range(model.num_layers):
-            model._layer(i).self_attn.backend = backend
-        out = model(nodes, graph)
+    for backend in BACKENDS:  # chosen per call: the model is never changed
+        out = model(nodes, graph, backend=backend)
         (g,) = torch.autograd.grad(out.sum(), nodes)
         row[f"{backend}_maxdiff"] = max(
             (out - ref.reshape(-1, dim)).abs().max().item(),
             (g - ref_g.reshape(-1, dim)).abs().max().item(),
         )
-        row[f"{backend}_s"] = median_seconds(lambda: model(nodes, graph).sum().backward(), reps)
+        row[f"{backend}_s"] = median_seconds(
+            lambda b=backend: model(nodes, graph, backend=b).sum().backward(), reps
+        )
     return row
 
 

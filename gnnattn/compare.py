@@ -1,11 +1,13 @@
 r"""Graph attention vs dense attention on the same weights: the parity harness.
 
 :func:`compare` runs one :class:`~gnnattn.SelfAttentionConv` through its graph
-backends (``"mp"``, ``"sdpa"``, ``"fused"``) and the same weights through
-:class:`torch.nn.MultiheadAttention`, :func:`torch.nn.functional.scaled_dot_product_attention`
-(``"F.sdpa"``, called directly)
-and (where it runs) FlexAttention, in float32 / float16 / bfloat16, with and
-without causal masking. Each is measured against one float64 reference computed
+backends (``"mp"``, ``"sdpa"``, ``"fused"``, chosen per call with
+``layer(x, graph, backend=...)``) and the same weights through the peers of
+:mod:`gnnattn.peers`: :class:`torch.nn.MultiheadAttention`,
+:func:`torch.nn.functional.scaled_dot_product_attention` (``"F.sdpa"``, called
+directly), FlexAttention with a block mask (where it runs) and PyG's
+``TransformerConv``, in float32 / float16 / bfloat16, with and without causal
+masking. Each is measured against one float64 reference computed
 here from the layer's projection weights with the textbook formula
 
 .. math::
@@ -21,18 +23,17 @@ are within the dtype's tolerance.
 
 from __future__ import annotations
 
+import copy
 import math
-import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from . import peers
 from .checks import check_int
-from .graphs import AttentionGraph
+from .graphs import AttentionGraph, causal_graph, complete_graph
 from .nn import SelfAttentionConv
 
 __all__ = ["ParityResult", "ParityRow", "TOLERANCES", "compare"]
@@ -42,7 +43,15 @@ __all__ = ["ParityResult", "ParityRow", "TOLERANCES", "compare"]
 TOLERANCES: dict[str, float] = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 6e-2}
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-CANDIDATES = ("mp", "sdpa", "fused", "nn.MultiheadAttention", "F.sdpa", "flex_attention")
+CANDIDATES = (
+    "mp",
+    "sdpa",
+    "fused",
+    "nn.MultiheadAttention",
+    "F.sdpa",
+    "flex_attention",
+    "PyG TransformerConv",
+)
 
 
 @dataclass
@@ -51,7 +60,9 @@ class ParityRow:
 
     Errors are ``nan`` when the candidate does not give that quantity (SDPA
     returns no weights) and every field but ``note`` is ``nan`` when the
-    candidate did not run (``note`` says why).
+    candidate did not run (``note`` says why): ``ok`` is then ``None`` for a
+    peer that this installation cannot run, and ``False`` for one of
+    gnnattn's own backends, which must run.
     """
 
     candidate: str
@@ -130,24 +141,16 @@ class ParityResult:
 # --------------------------------------------------------------------- helpers
 
 
-def _qkv(layer: SelfAttentionConv, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    n, h, c = x.shape[0], layer.num_heads, layer.head_dim
-    q = layer.lin_query(x).view(n, h, c).transpose(0, 1)  # (H, N, C)
-    k = layer.lin_key(x).view(n, h, c).transpose(0, 1)  # (H, N, C)
-    v = layer.lin_value(x).view(n, h, c).transpose(0, 1)  # (H, N, C)
-    return q, k, v
-
-
 def _reference(layer: SelfAttentionConv, x: Tensor, causal: bool) -> tuple[Tensor, Tensor]:
     """Output and ``[H, N, N]`` weights from the formula, with 1/sqrt(C) fixed here."""
     n = x.shape[0]
-    q, k, v = _qkv(layer, x)
+    q, k, v = (t.transpose(0, 1) for t in peers.split_heads(layer, x))  # (H, N, C)
     s = q @ k.transpose(-1, -2) / math.sqrt(layer.head_dim)  # (H, N, N)
-    if causal:
-        s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    mask = peers.dense_mask(n, causal=causal, device=x.device)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
     p = torch.softmax(s, dim=-1)  # row-wise: over the sources of each target
-    o = (p @ v).transpose(0, 1).reshape(n, layer.embed_dim)
-    return layer.lin_out(o), p
+    return peers.merge_heads(layer, (p @ v).transpose(0, 1)), p
 
 
 def _dense_weights(edge_index: Tensor, alpha: Tensor, n: int) -> Tensor:
@@ -158,62 +161,61 @@ def _dense_weights(edge_index: Tensor, alpha: Tensor, n: int) -> Tensor:
     return w
 
 
-def _graph_candidate(backend: str) -> Callable:
-    def run(layer: SelfAttentionConv, x: Tensor, causal: bool) -> tuple[Tensor, Tensor | None]:
-        n = x.shape[0]
-        graph = (AttentionGraph.causal if causal else AttentionGraph.complete)(n, device=x.device)
-        saved = layer.backend
-        layer.backend = backend
-        try:
-            out, (ei, alpha) = layer(x, graph, return_attention_weights=True)
-        finally:
-            layer.backend = saved
-        return out, _dense_weights(ei, alpha.detach(), n)
+@dataclass
+class _Runner:
+    """One candidate made ready for one layer and masking (graphs and peers built once).
 
-    return run
+    ``check(x)`` gives the output and the ``[H, N, N]`` weights (``None`` when
+    the candidate has none); ``call(x)``, the output alone, is what is timed.
+    """
+
+    check: Callable[[Tensor], tuple[Tensor, Tensor | None]]
+    call: Callable[[Tensor], Tensor]
 
 
-def _mha(layer: SelfAttentionConv, x: Tensor, causal: bool) -> tuple[Tensor, Tensor | None]:
-    mha = layer.to_torch(batch_first=True)
-    n = x.shape[0]
-    # nn.MultiheadAttention's bool mask is True where attention is NOT allowed.
-    mask = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1) if causal else None
-    out, w = mha(
-        x[None], x[None], x[None], attn_mask=mask, need_weights=True, average_attn_weights=False
-    )
-    return out[0], w[0]
+def _graph_runner(backend: str) -> Callable[[SelfAttentionConv, int, bool], _Runner]:
+    def make(layer: SelfAttentionConv, n: int, causal: bool) -> _Runner:
+        device = layer.lin_query.weight.device
+        graph = (AttentionGraph.causal if causal else AttentionGraph.complete)(n, device=device)
+
+        def check(x: Tensor) -> tuple[Tensor, Tensor | None]:
+            out, (ei, alpha) = layer(x, graph, return_attention_weights=True, backend=backend)
+            return out, _dense_weights(ei, alpha.detach(), n)
+
+        return _Runner(check, lambda x: layer(x, graph, backend=backend))
+
+    return make
 
 
-def _sdpa(layer: SelfAttentionConv, x: Tensor, causal: bool) -> tuple[Tensor, Tensor | None]:
-    q, k, v = _qkv(layer, x)
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (H, N, C)
-    return layer.lin_out(o.transpose(0, 1).reshape(x.shape[0], layer.embed_dim)), None
+def _mha(layer: SelfAttentionConv, n: int, causal: bool) -> _Runner:
+    _, with_weights = peers.mha(layer, n, causal=causal, need_weights=True)
+    _, plain = peers.mha(layer, n, causal=causal)
+    return _Runner(with_weights, lambda x: plain(x)[0])
 
 
-def _flex(layer: SelfAttentionConv, x: Tensor, causal: bool) -> tuple[Tensor, Tensor | None]:
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+def _output_only(
+    make: Callable[[SelfAttentionConv, int, bool], Callable[[Tensor], Tensor]],
+) -> Callable[[SelfAttentionConv, int, bool], _Runner]:
+    def runner(layer: SelfAttentionConv, n: int, causal: bool) -> _Runner:
+        fn = make(layer, n, causal)
+        return _Runner(lambda x: (fn(x), None), fn)
 
-    n = x.shape[0]
-    q, k, v = _qkv(layer, x)
-    block_mask = None
-    if causal:
-        block_mask = create_block_mask(
-            lambda b, h, i, j: j <= i, None, None, n, n, device=str(x.device)
-        )
-    with warnings.catch_warnings():
-        # Eager flex_attention warns that it is unfused; here it is a reference, not a speed.
-        warnings.simplefilter("ignore", UserWarning)
-        o = flex_attention(q[None], k[None], v[None], block_mask=block_mask)[0]  # (H, N, C)
-    return layer.lin_out(o.transpose(0, 1).reshape(n, layer.embed_dim)), None
+    return runner
 
 
-_RUNNERS: dict[str, Callable] = {
-    "mp": _graph_candidate("mp"),
-    "sdpa": _graph_candidate("sdpa"),
-    "fused": _graph_candidate("fused"),
+def _conv(layer: SelfAttentionConv, n: int, causal: bool) -> Callable[[Tensor], Tensor]:
+    device = layer.lin_query.weight.device
+    ei = (causal_graph if causal else complete_graph)(n, device=device)
+    return peers.transformer_conv(layer, ei)[1]
+
+
+_GRAPH_BACKENDS = ("mp", "sdpa", "fused")
+_RUNNERS: dict[str, Callable[[SelfAttentionConv, int, bool], _Runner]] = {
+    **{b: _graph_runner(b) for b in _GRAPH_BACKENDS},
     "nn.MultiheadAttention": _mha,
-    "F.sdpa": _sdpa,
-    "flex_attention": _flex,
+    "F.sdpa": _output_only(lambda layer, n, causal: peers.sdpa(layer, n, causal=causal)),
+    "flex_attention": _output_only(lambda layer, n, causal: peers.flex(layer, n, causal=causal)),
+    "PyG TransformerConv": _output_only(_conv),
 }
 
 
@@ -320,11 +322,12 @@ def compare(
                 row = ParityRow(cand, dname, bool(is_causal))
                 result.rows.append(row)
                 try:
-                    out, w, g, row.ms_per_call = _run(
-                        _RUNNERS[cand], lay, x64.to(dt), grad_out.to(dt), bool(is_causal), reps
-                    )
-                except Exception as err:  # a peer that cannot run here is reported, not fatal
+                    runner = _RUNNERS[cand](lay, x64.shape[0], bool(is_causal))
+                    out, w, g, row.ms_per_call = _run(runner, x64.to(dt), grad_out.to(dt), reps)
+                except Exception as err:  # reported in the row, not fatal
                     row.note = f"{type(err).__name__}: {str(err).splitlines()[0][:60]}"
+                    # A peer that cannot run here is n/a; gnnattn's own backends must run.
+                    row.ok = False if cand in _GRAPH_BACKENDS else None
                     continue
                 row.out_abs, row.out_rel = _err(out, ref_out)
                 if w is not None:
@@ -341,29 +344,26 @@ def compare(
 
 
 def _copy(layer: SelfAttentionConv, dtype: torch.dtype, device: torch.device) -> SelfAttentionConv:
-    import copy
-
     out = copy.deepcopy(layer).to(device=device, dtype=dtype)
     return out.eval()  # dropout off: the operator, not one random sample of it
 
 
 def _run(
-    runner: Callable, layer: SelfAttentionConv, x: Tensor, g: Tensor, causal: bool, reps: int
+    runner: _Runner, x: Tensor, g: Tensor, reps: int
 ) -> tuple[Tensor, Tensor | None, Tensor | None, float]:
     """``(output, weights, grad of x, ms per forward call)`` of one candidate."""
+    from .bench.harness import timed
+
     xg = x.clone().requires_grad_(True)
     try:
-        out, w = runner(layer, xg, causal)
+        out, w = runner.check(xg)
         out.backward(g)
     except NotImplementedError:
         # FlexAttention has no CPU backward: report its forward alone.
         with torch.no_grad():
-            out, w = runner(layer, x, causal)
+            out, w = runner.check(x)
         xg.grad = None
     with torch.no_grad():
-        runner(layer, x, causal)  # warm-up
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            runner(layer, x, causal)
-        ms = (time.perf_counter() - t0) / reps * 1e3
-    return out.detach(), w, xg.grad, ms
+        runner.call(x)  # warm-up
+        seconds = sum(timed(lambda: runner.call(x), x.device)[0] for _ in range(reps))
+    return out.detach(), w, xg.grad, seconds / reps * 1e3

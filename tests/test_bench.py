@@ -14,6 +14,8 @@ def test_bench_quick_writes_json(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "nn.MultiheadAttention" in out and "TransformerConv" in out
     assert "PASS" not in out and "FAIL" not in out  # ratios only, no targets
+    # Smoke sizes say so, above and below the tables.
+    assert out.count("--quick: smoke-test sizes") == 2 and "NOT meaningful" in out
 
     result = json.loads(path.read_text())
     quick = [s for s in SUITES if s != "scale"]
@@ -22,13 +24,14 @@ def test_bench_quick_writes_json(tmp_path, capsys):
     assert "loadavg" in result["machine"]
     rows = result["rows"]
     assert {r["suite"] for r in rows} == set(quick)
-    assert {r["mode"] for r in rows} == {"fwd", "fwdbwd"}
+    assert {r["mode"] for r in rows} == {"fwd", "fwdbwd", "step"}
     for r in rows:
         assert r["status"] == "ok" or r["status"].startswith(("skipped", "n/a")), r
         if r["status"] == "ok":
             assert r["median_ms"] > 0 and r["reps"] >= 1
-            if r["suite"] != "limit":
-                # Every candidate that ran computes the baseline's operator.
+            # Every candidate that ran computes the baseline's operator (but the limit
+            # suite's passes, and the training step without dropout).
+            if r["suite"] != "limit" and r["candidate"] != "gnnattn auto, dropout 0":
                 assert r["max_abs_diff"] is not None and r["max_abs_diff"] < 1e-3, r
     # The gnnattn backends and every peer took part.
     names = {r["candidate"] for r in rows if r["status"] == "ok"}
@@ -46,6 +49,9 @@ def test_bench_quick_writes_json(tmp_path, capsys):
         "CSR SpMM: torch.sparse.mm(A, X)",
         "backward source pass (kernel)",
         "reordered (RCM): restore(layer(apply(x), graph_r))",
+        "gnnattn auto, dropout 0.1",
+        "gnnattn mp (message passing), dropout 0.1",
+        "gnnattn auto, dropout 0",
     ):
         assert name in names
     # The limit suite knows what each pass must move.
@@ -62,10 +68,54 @@ def test_bench_one_suite(tmp_path):
     assert all(r["peak_bytes"] is None for r in result["rows"])
 
 
-def test_scale_suite_needs_its_flag():
+def test_train_suite_times_a_training_step_against_mp(tmp_path):
+    path = tmp_path / "bench.json"
+    argv = ["bench", "--quick", "--suite", "train", "--no-memory", "--json", str(path)]
+    assert main(argv) == 0
+    rows = {r["candidate"]: r for r in json.loads(path.read_text())["rows"]}
+    fused = rows["gnnattn auto, dropout 0.1"]
+    mp = rows["gnnattn mp (message passing), dropout 0.1"]
+    plain = rows["gnnattn auto, dropout 0"]
+    assert {r["mode"] for r in rows.values()} == {"step"}
+    assert fused["baseline"] == fused["candidate"] and fused["ratio"] == 1.0
+    # "auto" says what it took; with dropout and edge features that is the fused kernel
+    # wherever one is compiled.
+    assert "auto took 'fused'" in fused["note"] or "auto took 'mp'" in fused["note"]
+    # Same weights, same dropout masks: the first steps' losses agree.
+    assert mp["max_abs_diff"] is not None and mp["max_abs_diff"] < 1e-4, mp
+    assert "mp / fused = " in mp["note"]
+    assert "fused(dropout 0.1) / fused(dropout 0) = " in plain["note"]
+    assert plain["max_abs_diff"] is None  # another function: no diff
+
+
+def test_scale_suite_needs_its_flag(capsys):
     assert "scale" in SUITES and "scale" not in default_suites()
     assert "scale" in default_suites(scale=True)
-    with pytest.raises(SystemExit, match="--scale"):
-        main(["bench", "--suite", "scale"])
-    with pytest.raises(SystemExit, match="quick"):
-        main(["bench", "--scale", "--quick"])
+    # A user error: one line on stderr and exit status 2, no traceback.
+    assert main(["bench", "--suite", "scale"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gnnattn bench: ") and "--scale" in err and err.count("\n") == 1
+    assert main(["bench", "--scale", "--quick"]) == 2
+    assert "quick" in capsys.readouterr().err
+
+
+def test_bench_library_raises_value_error_not_system_exit():
+    import argparse
+
+    from gnnattn import bench
+
+    args = argparse.Namespace(suite=["scale"], scale=False, quick=False)
+    with pytest.raises(ValueError, match="--scale"):
+        bench.main(args)
+
+
+def test_cuda_timing_uses_events_and_cpu_timing_the_clock():
+    import torch
+
+    from gnnattn.bench.harness import timed
+
+    seconds, out = timed(lambda: torch.ones(3).sum(), torch.device("cpu"))
+    assert seconds >= 0 and out.item() == 3
+    if torch.cuda.is_available():
+        seconds, out = timed(lambda: torch.ones(3, device="cuda").sum(), torch.device("cuda"))
+        assert seconds > 0 and out.item() == 3

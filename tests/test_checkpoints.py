@@ -19,7 +19,7 @@ from gnnattn.nn import GraphTransformer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))
-import checkpoints  # noqa: E402  (examples/checkpoints.py)
+import common  # noqa: E402  (examples/common.py: checkpoints and the test hook)
 import tiny_gpt  # noqa: E402
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -80,9 +80,15 @@ def run_in_own_group(cmd: list[str], timeout: float, **kwargs) -> subprocess.Com
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-def run_tiny_gpt(out: Path, *extra: str) -> subprocess.CompletedProcess:
+def run_tiny_gpt(
+    out: Path, *extra: str, fail_at_step: int | None = None
+) -> subprocess.CompletedProcess:
+    """One run of the example; ``fail_at_step`` sets its crash test hook."""
     cmd = [sys.executable, str(EXAMPLES / "tiny_gpt.py"), *TINY, "--out", str(out), *extra]
-    return run_in_own_group(cmd, RUN_TIMEOUT_S)
+    env = {k: v for k, v in os.environ.items() if k != common.FAIL_AT_STEP}
+    if fail_at_step is not None:
+        env[common.FAIL_AT_STEP] = str(fail_at_step)
+    return run_in_own_group(cmd, RUN_TIMEOUT_S, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +108,13 @@ def test_tiny_gpt_interrupted_and_resumed_is_bitwise_the_uninterrupted_run(refer
     ckpt = tmp_path / tiny_gpt.CKPT_NAME
     # The same command twice, as a supervisor restarting it would: it crashes once after
     # step 10 (checkpoints at 4 and 8), then resumes from step 8 and redoes 9 and 10.
-    cmd = ["--ckpt-every", "4", "--resume", "--fail-at-step", "10"]
-    first = run_tiny_gpt(tmp_path, *cmd)
+    cmd = ["--ckpt-every", "4", "--resume"]
+    first = run_tiny_gpt(tmp_path, *cmd, fail_at_step=10)
     assert first.returncode == 1, first.stderr[-3000:]
     assert f"no checkpoint at {ckpt}: starting fresh" in first.stdout
-    assert "--fail-at-step 10: exiting with status 1" in first.stderr
+    assert "GNNATTN_FAIL_AT_STEP=10: exiting with status 1" in first.stderr
     assert torch.load(ckpt, weights_only=True)["step"] == 8
-    second = run_tiny_gpt(tmp_path, *cmd)
+    second = run_tiny_gpt(tmp_path, *cmd, fail_at_step=10)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resumed from {ckpt} at step 8" in second.stdout
 
@@ -194,13 +200,13 @@ def test_a_plain_state_dict_is_not_taken_for_a_checkpoint(tmp_path):
     path = tmp_path / "weights.pt"
     torch.save(torch.nn.Linear(2, 2).state_dict(), path)
     with pytest.raises(ValueError, match=f"Checkpoint {path} is not a checkpoint of these"):
-        checkpoints.read_checkpoint(path)
-    assert checkpoints.read_checkpoint(tmp_path / "absent.pt") is None
+        common.read_checkpoint(path)
+    assert common.read_checkpoint(tmp_path / "absent.pt") is None
 
 
 def test_a_crash_mid_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "ckpt.pt"
-    checkpoints.save_checkpoint(path, {"step": 1, "w": torch.ones(3)})
+    common.save_checkpoint(path, {"step": 1, "w": torch.ones(3)})
     real_save = torch.save
 
     def crash_half_way(obj, f):
@@ -208,11 +214,11 @@ def test_a_crash_mid_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         f.truncate(10)  # half a file on disk, then the process "dies"
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoints.torch, "save", crash_half_way)
+    monkeypatch.setattr(common.torch, "save", crash_half_way)
     with pytest.raises(OSError, match="disk full"):
-        checkpoints.save_checkpoint(path, {"step": 2, "w": torch.zeros(3)})
+        common.save_checkpoint(path, {"step": 2, "w": torch.zeros(3)})
     monkeypatch.undo()
-    kept = checkpoints.read_checkpoint(path)
+    kept = common.read_checkpoint(path)
     assert kept is not None and kept["step"] == 1 and torch.equal(kept["w"], torch.ones(3))
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left
 
@@ -323,7 +329,7 @@ def test_pickled_models_load_in_a_fresh_process(tmp_path):
 
 def test_tiny_gpt_checkpoints_are_plain_data(reference):
     # weights_only=True reads them: loading a checkpoint never runs code from the file.
-    state = checkpoints.read_checkpoint(reference / tiny_gpt.CKPT_NAME)
-    assert state is not None and state["format"] == checkpoints.FORMAT
+    state = common.read_checkpoint(reference / tiny_gpt.CKPT_NAME)
+    assert state is not None and state["format"] == common.FORMAT
     assert {"config", "step", "model", "optimizer", "scheduler", "rng"} <= state.keys()
     assert state["rng"]["torch"].dtype == torch.uint8 and len(state["rng"]["data"]) == 1

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
+import gnnattn.ops.mp
 from gnnattn import SelfAttentionConv
-from gnnattn.compare import compare
-from gnnattn.softmax import segment_softmax
+from gnnattn.compare import CANDIDATES, compare
 
 FAST = {"tokens": 6, "embed_dim": 8, "num_heads": 2, "reps": 1}
 
@@ -31,24 +31,35 @@ class WrongScale(SelfAttentionConv):
         self.scale = 1.0
 
 
-class GlobalSoftmax(SelfAttentionConv):
+def global_softmax(src, index, num_segments=None, **kwargs):
     """Normalizes the weights over all edges instead of per target."""
-
-    def edge_update(self, query_i, key_j, score_bias, index, ptr, size_i):
-        score = (query_i * key_j).sum(dim=-1) * self.scale  # (E, H)
-        return segment_softmax(score, torch.zeros_like(index), 1)
+    return torch.softmax(src, dim=0)
 
 
-@pytest.mark.parametrize("bug", [WrongScale, GlobalSoftmax])
-def test_planted_bug_is_not_equal(bug):
+@pytest.mark.parametrize("bug", ["wrong scale", "global softmax"])
+def test_planted_bug_is_not_equal(bug, monkeypatch):
     torch.manual_seed(0)
-    layer = bug(8, num_heads=2)
+    layer = SelfAttentionConv(8, num_heads=2)
+    if bug == "wrong scale":
+        layer = WrongScale(8, num_heads=2)
+    else:  # planted in the message-passing backend itself
+        monkeypatch.setattr(gnnattn.ops.mp, "segment_softmax", global_softmax)
     res = compare(layer, tokens=6, reps=1, dtypes=["float32"], candidates=["mp", "F.sdpa"])
     assert not res.ok
     assert res.row("mp").ok is False and res.row("mp").out_rel > 1e-2
     # The dense peers built from the same weights still agree: the bug is the layer's.
     assert res.row("F.sdpa").ok is True
     assert "NOT EQUAL" in res.table()
+
+
+def test_every_peer_agrees_in_float32():
+    res = compare(**FAST, dtypes=["float32"])
+    assert [r.candidate for r in res.rows[: len(CANDIDATES)]] == list(CANDIDATES)
+    for r in res.rows:
+        # FlexAttention may be absent from a torch build: then it says why.
+        assert r.ok is True or (r.candidate == "flex_attention" and r.note), r
+    conv = res.row("PyG TransformerConv", causal=True)
+    assert conv.out_rel < 1e-5 and conv.grad_rel < 1e-5
 
 
 def test_bad_arguments():
@@ -60,3 +71,27 @@ def test_bad_arguments():
         compare(SelfAttentionConv(8), torch.randn(3, 4))
     with pytest.raises(TypeError, match="'layer'"):
         compare(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_peers_with_a_window_mask_equal_the_layer_on_the_window_graph(causal):
+    from gnnattn import AttentionGraph, peers
+
+    torch.manual_seed(0)
+    t, w = 9, 2
+    layer = SelfAttentionConv(8, num_heads=2).double().eval()
+    x = torch.randn(t, 8, dtype=torch.float64)
+    graph = AttentionGraph.window(t, window=w, causal=causal)
+    expected = layer(x, graph, backend="mp")
+    outs = {
+        "mha": peers.mha(layer, t, causal=causal, window=w)[1](x)[0],
+        "sdpa": peers.sdpa(layer, t, causal=causal, window=w)(x),
+        "conv": peers.transformer_conv(layer, graph.edge_index)[1](x),
+    }
+    try:
+        with torch.no_grad():  # eager FlexAttention has no backward on the CPU
+            outs["flex"] = peers.flex(layer, t, causal=causal, window=w)(x)
+    except peers.PeerUnavailable:
+        pass
+    for name, out in outs.items():
+        torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-10, msg=name)

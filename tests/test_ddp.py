@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_checkpoints import assert_identical
+from test_checkpoints import assert_identical, run_in_own_group
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
+FAIL_AT_STEP = "GNNATTN_FAIL_AT_STEP"  # the examples' crash test hook (examples/common.py)
 # Several launches: the example once hung at exit in about 1 launch in 4 to 6 (a rank
 # deadlocked tearing down the gloo process group), so one launch proved little.
 LAUNCHES = 4
@@ -60,19 +61,25 @@ def _kill_launch(proc: subprocess.Popen, out: Path) -> None:
             pass
 
 
-def _torchrun(out: Path, *args: str, max_restarts: int = 0) -> subprocess.CompletedProcess:
+def _torchrun(
+    out: Path, *args: str, max_restarts: int = 0, fail_at_step: int | None = None
+) -> subprocess.CompletedProcess:
     """One 2-process launch of the quick example (with ``args``), writing into ``out``; on a
     timeout (or any other error) every process of the launch is killed before the test
-    fails."""
+    fails. ``fail_at_step`` sets the example's crash test hook (rank 1 exits after it)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     cmd += ["--max-restarts", str(max_restarts)]
     cmd += [str(EXAMPLE), "--quick", "--out", str(out), *args]
+    env = {k: v for k, v in os.environ.items() if k != FAIL_AT_STEP}
+    if fail_at_step is not None:
+        env[FAIL_AT_STEP] = str(fail_at_step)
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env=env,
     )
     try:
         stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
@@ -110,17 +117,15 @@ def test_ddp_two_processes_end_identical(tmp_path, launch):
     # Training changed them: they are not merely the shared initialization.
     torch.manual_seed(0)
     sys.path.insert(0, str(EXAMPLE.parent))
-    from tiny_gpt import CharGPT, load_text
+    from tiny_gpt import CharGPT, load_data
 
-    init = CharGPT(len(load_text()[1]), 32, 32, 4, 2).state_dict()
+    init = CharGPT(len(load_data().vocab), 32, 32, 4, 2).state_dict()
     assert not torch.equal(init["head.weight"], a["head.weight"])
 
 
 def test_ddp_example_without_torchrun_says_how_to_launch(tmp_path):
-    proc = subprocess.run(
+    proc = run_in_own_group(
         [sys.executable, str(EXAMPLE), "--quick", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
         timeout=120,
         env={k: v for k, v in os.environ.items() if k != "RANK"},
     )
@@ -131,7 +136,7 @@ def test_ddp_example_without_torchrun_says_how_to_launch(tmp_path):
 # Checkpoints at steps 10, 20 and 30; the fault comes after step 15, so a resumed run
 # redoes steps 11 to 15 from the checkpoint of step 10.
 STEPS = ("--steps", "30", "--ckpt-every", "10")
-FAULT = ("--resume", "--fail-at-step", "15")
+FAULT = 15
 
 
 @pytest.fixture(scope="module")
@@ -159,13 +164,14 @@ def _assert_same_run(reference: Path, out: Path) -> None:
 @pytest.mark.slow
 def test_ddp_interrupted_and_resumed_is_bitwise_the_uninterrupted_run(uninterrupted, tmp_path):
     ckpt = tmp_path / "ddp_ckpt.pt"
-    first = _torchrun(tmp_path, *STEPS, *FAULT)  # no restarts: torchrun gives up
+    first = _torchrun(tmp_path, *STEPS, "--resume", fail_at_step=FAULT)  # no restarts: gives up
     assert not _rank_pids(tmp_path, exclude=-1), "a rank outlived torchrun"
     assert first.returncode != 0
     assert f"no checkpoint at {ckpt}: starting fresh" in first.stdout
-    assert "--fail-at-step 15: exiting with status 1" in first.stderr
+    assert f"{FAIL_AT_STEP}=15: exiting with status 1" in first.stderr
     assert torch.load(ckpt, weights_only=True)["step"] == 10
-    second = _torchrun(tmp_path, *STEPS, *FAULT)  # the same command: resumes, no new fault
+    # The same command: resumes, and the marker file keeps the fault from happening again.
+    second = _torchrun(tmp_path, *STEPS, "--resume", fail_at_step=FAULT)
     assert not _rank_pids(tmp_path, exclude=-1), "a rank outlived torchrun"
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resumed from {ckpt} at step 10" in second.stdout
@@ -177,12 +183,12 @@ def test_ddp_elastic_restart_ends_with_the_parameters_of_a_run_without_fault(
     uninterrupted, tmp_path
 ):
     ckpt = tmp_path / "ddp_ckpt.pt"
-    proc = _torchrun(tmp_path, *STEPS, *FAULT, max_restarts=1)
+    proc = _torchrun(tmp_path, *STEPS, "--resume", max_restarts=1, fail_at_step=FAULT)
     assert not _rank_pids(tmp_path, exclude=-1), "a rank outlived torchrun"
     assert proc.returncode == 0, proc.stderr[-3000:]
     # Rank 1 did crash, torchrun restarted the group, and the group resumed.
     assert (tmp_path / "failed_at_step_15").exists()
-    assert "--fail-at-step 15: exiting with status 1" in proc.stderr
+    assert f"{FAIL_AT_STEP}=15: exiting with status 1" in proc.stderr
     assert f"no checkpoint at {ckpt}: starting fresh" in proc.stdout
     assert f"resumed from {ckpt} at step 10" in proc.stdout
     _assert_same_run(uninterrupted, tmp_path)

@@ -1,22 +1,21 @@
-"""Every example runs with --quick, as a user would start it, and does what it says."""
+"""Every example runs with --quick, as a user would start it, and does what it says; each
+stays small enough to read (a page of main(), public API only)."""
 
+import ast
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from test_checkpoints import run_in_own_group
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
 
 
 def run_example(name, tmp_path, *extra):
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / name), "--quick", "--out", str(tmp_path), *extra],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    cmd = [sys.executable, str(EXAMPLES / name), "--quick", "--out", str(tmp_path), *extra]
+    proc = run_in_own_group(cmd, timeout=300)  # the whole process group dies on a timeout
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, proc.stdout[-3000:]
@@ -58,3 +57,41 @@ def test_graph_vs_dense_agrees(tmp_path):
     assert (tmp_path / "graph_vs_dense.png").stat().st_size > 10_000
     rows = json.loads((tmp_path / "graph_vs_dense.json").read_text())["rows"]
     assert {"mp_s", "sdpa_s", "fused_s", "torch_s"} <= set(rows[0])
+
+
+def _functions(path: Path) -> dict[str, ast.FunctionDef]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.py")), ids=lambda p: p.name)
+def test_example_reads_as_a_page(path):
+    main = _functions(path).get("main")
+    if main is not None:
+        assert main.end_lineno - main.lineno + 1 <= 50, "main() longer than a page"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        # No sys.path edits: a script's own folder is on sys.path, `import common` works.
+        if isinstance(node, ast.Attribute) and node.attr == "path":
+            assert not (isinstance(node.value, ast.Name) and node.value.id == "sys"), node.lineno
+        # Public API only: no private attributes (os._exit, the crash hook, aside).
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            is_os_exit = isinstance(node.value, ast.Name) and node.value.id == "os"
+            assert node.attr.startswith("__") or is_os_exit, f"{node.attr} at line {node.lineno}"
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gnnattn"):
+            assert not any(a.name.startswith("_") for a in node.names), node.lineno
+
+
+SWITCHERS = ["gnnattn/compare.py", "gnnattn/cli.py", *map(str, EXAMPLES.glob("*.py"))]
+SWITCHERS += [str(p) for p in (ROOT / "gnnattn" / "bench").rglob("*.py")]
+
+
+@pytest.mark.parametrize("name", SWITCHERS, ids=lambda p: Path(p).name)
+def test_backends_are_chosen_per_call_never_assigned(name):
+    # `layer.backend = ...` changes a module that other threads may be calling.
+    tree = ast.parse((ROOT / name).read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                assert not (isinstance(t, ast.Attribute) and t.attr == "backend"), node.lineno

@@ -2,12 +2,16 @@ r"""The benchmark behind ``gnnattn bench``: gnnattn against the peers it has to 
 with, *in one process, on the same inputs and the same weights*.
 
 * :mod:`.harness`: cases, candidates, interleaved timing, peak memory;
-* :mod:`.suites`: one module per suite and the registry ``--suite`` reads;
+* :mod:`.suites`: one module per suite and the registry ``--suite`` reads
+  (``train``: a training step of a graph transformer with dropout and edge
+  features, ``"auto"`` against ``"mp"``);
 * :mod:`.report`: the machine header and the tables (measured ratios only).
 
-The figures depend on the machine; ``--json`` stores them together with the
-CPU model, thread count, load average and library versions, which is how a
-figure should be quoted.
+The peers (``nn.MultiheadAttention``, SDPA, FlexAttention, PyG
+``TransformerConv`` and ``utils.softmax``) come from :mod:`gnnattn.peers`,
+shared with :mod:`gnnattn.compare`. The figures depend on the machine;
+``--json`` stores them together with the CPU model, thread count, load
+average and library versions, which is how a figure should be quoted.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 import torch
 
 from .harness import MODE_LABEL, BenchConfig, Candidate, Case, run_case
-from .report import format_table, header, machine_info
+from .report import QUICK_NOTE, format_table, header, machine_info
 from .suites import REGISTRY, SUITES, default_suites
 
 __all__ = [
@@ -106,15 +110,21 @@ def run(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> dict[str,
 
 
 def main(args: Any) -> int:
-    """``gnnattn bench``: run, print the tables, optionally write JSON."""
+    """``gnnattn bench``: run, print the tables, optionally write JSON.
+
+    Raises:
+        ValueError: options that do not go together (``--suite scale``
+            without ``--scale``, ``--scale`` with ``--quick``), or
+            ``--device cuda`` without a CUDA device.
+    """
     scale = bool(getattr(args, "scale", False))
     if args.suite and "scale" in args.suite and not scale:
-        raise SystemExit(
-            "gnnattn bench: the 'scale' suite runs only with --scale (N = 1M nodes: minutes and "
-            "about 6 GB); add --scale"
+        raise ValueError(
+            "the 'scale' suite runs only with --scale (N = 1M nodes: minutes and about 6 GB); "
+            "add --scale"
         )
     if scale and args.quick:
-        raise SystemExit("gnnattn bench: --scale is not a --quick run; drop one of them")
+        raise ValueError("--scale is not a --quick run; drop one of them")
     wanted = default_suites(scale=scale)
     suites = tuple(s for s in SUITES if (s in args.suite if args.suite else s in wanted))
     cfg = BenchConfig(
@@ -136,6 +146,8 @@ def main(args: Any) -> int:
     print(header(result))
     print(format_table(result["rows"]))
     print(f"\n{result['seconds']:.0f} s in all")
+    if cfg.quick:
+        print(QUICK_NOTE)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1, default=str)

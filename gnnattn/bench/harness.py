@@ -7,12 +7,17 @@
   call per candidate comes first (numba compiles, caches fill).
 * **Forward** runs under ``torch.no_grad()`` (inference; MHA takes its fast
   path there). **Forward+backward** times the forward and ``backward`` of a
-  fixed upstream gradient with respect to the input and all weights.
+  fixed upstream gradient with respect to the input and all weights. A
+  **training step** (the ``train`` suite) is whatever the candidate does with
+  autograd on: forward, loss, backward and its optimizer's step.
 * **Correctness.** Every row reports the max abs difference of its output
   (forward) or of the gradient of the input (forward+backward) against the
   baseline's, so a fast but wrong path shows (cases that time different
   operators side by side, such as the per-pass ``limit`` suite, say so and
   leave it out).
+* **Clocks.** On CUDA a call is timed between two CUDA events recorded on
+  the current stream around it (the device's clock; the host waits for the
+  second event only to read it); on the CPU by ``time.perf_counter``.
 * **Peak memory.** On CUDA, ``torch.cuda.max_memory_allocated`` over one call,
   minus what was allocated before it. On the CPU, one extra call under
   ``torch.profiler.profile(profile_memory=True)``: the allocator's
@@ -33,7 +38,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -47,10 +52,16 @@ __all__ = [
     "max_abs_diff",
     "row",
     "run_case",
+    "timed",
 ]
 
+#: What a case times by default: the forward alone and the forward with its backward.
 MODES = ("fwd", "fwdbwd")
-MODE_LABEL = {"fwd": "forward", "fwdbwd": "forward+backward"}
+MODE_LABEL = {
+    "fwd": "forward",
+    "fwdbwd": "forward+backward",
+    "step": "training step (forward, backward, optimizer step)",
+}
 
 
 @dataclass
@@ -127,16 +138,41 @@ class Case:
     mode_label: str | None = None
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+T = TypeVar("T")
+
+
+def timed(fn: Callable[[], T], device: torch.device) -> tuple[float, T]:
+    """Seconds one call of ``fn`` takes on ``device``, and what it returned.
+
+    On CUDA, the time between two CUDA events recorded on the current stream
+    before and after the call (work queued before it is not counted; the host
+    waits for the second event before reading it); elsewhere
+    ``time.perf_counter`` around the call.
+    """
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        out = fn()
+        return time.perf_counter() - t0, out
+    with torch.cuda.device(device):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3, out
 
 
 def _call(case: Case, cand: Candidate, mode: str) -> Tensor:
-    """One call: the output (forward) or the input's gradient (forward+backward)."""
+    """One call: the output (forward), the input's gradient (forward+backward), or
+    whatever a training step returns (``"step"``: the candidate runs its own
+    backward and optimizer step, with autograd on)."""
     assert cand.fn is not None
     if mode == "fwd":
         with torch.no_grad():
+            return cand.fn(case.x)
+    if mode == "step":
+        with torch.enable_grad():
             return cand.fn(case.x)
     for p in (case.x, *case.params):
         p.grad = None
@@ -147,12 +183,7 @@ def _call(case: Case, cand: Candidate, mode: str) -> Tensor:
 
 
 def _timed(case: Case, cand: Candidate, mode: str) -> tuple[float, Tensor]:
-    device = case.x.device
-    _sync(device)
-    t0 = time.perf_counter()
-    out = _call(case, cand, mode)
-    _sync(device)
-    return time.perf_counter() - t0, out
+    return timed(lambda: _call(case, cand, mode), case.x.device)
 
 
 def _peak_bytes(case: Case, cand: Candidate, mode: str) -> int:

@@ -15,7 +15,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["format_table", "header", "machine_info"]
+__all__ = ["QUICK_NOTE", "format_table", "header", "machine_info"]
+
+#: Printed above and below the tables of a ``--quick`` run.
+QUICK_NOTE = (
+    "--quick: smoke-test sizes, to check that every candidate runs; these timings and "
+    "ratios are NOT meaningful (small inputs, 2-3 repetitions); quote only a run without "
+    "--quick"
+)
 
 
 def _cpu_model() -> str:
@@ -81,8 +88,9 @@ def header(result: dict[str, Any]) -> str:
         f"gnnattn bench on {m['cpu']} ({m['threads']} threads), device {m['device']}"
         + (f" ({m['gpu']})" if "gpu" in m else "")
         + f", torch {m['torch']}, torch_geometric {m['torch_geometric']}, kernels {m['kernels']}"
-        + (", --quick sizes" if result["config"].get("quick") else "")
     ]
+    if result["config"].get("quick"):
+        lines.append(QUICK_NOTE)
     if "loadavg" in m:
         lines.append(
             f"load average (1/5/15 min) before: {' '.join(f'{v:.2f}' for v in m['loadavg'])}, "
@@ -91,7 +99,7 @@ def header(result: dict[str, Any]) -> str:
     lines.append(
         "median of interleaved repetitions; 'x base' = median / baseline median; peak MiB = "
         "torch tensor bytes allocated during one call; max|diff| vs the baseline's output "
-        "(forward) or input gradient (forward+backward)"
+        "(forward), input gradient (forward+backward) or first loss (training step)"
     )
     return "\n".join(lines)
 

@@ -21,6 +21,7 @@ from .reorder import reorder_cases
 from .scale import scale_rows
 from .softmax import softmax_cases
 from .sparse import sparse_cases
+from .train import train_rows
 
 __all__ = ["REGISTRY", "SUITES", "Suite", "default_suites"]
 
@@ -30,8 +31,9 @@ class Suite:
     """One suite: its name, what it measures, and how it makes its cases or rows.
 
     ``cases`` builds :class:`~gnnattn.bench.harness.Case` objects for the
-    interleaved harness; ``rows`` (for suites that need their own process,
-    like ``scale``) returns finished result rows instead.
+    interleaved harness; ``rows`` returns finished result rows instead (for
+    suites that need their own process, like ``scale``, or that add to the
+    harness's rows, like ``train``).
     """
 
     name: str
@@ -52,6 +54,8 @@ REGISTRY: tuple[Suite, ...] = (
     Suite("models", "GraphTransformer vs nn.TransformerEncoder; causal pruning", model_cases),
     Suite("limit", "each pass of the fused CPU operator vs CSR SpMM, GB/s", limit_cases),
     Suite("reorder", "shuffled vs RCM-reordered ids on a kNN graph and a grid", reorder_cases),
+    Suite("train", "a GraphTransformer training step (dropout, edge features): auto vs mp",
+          rows=train_rows),
     Suite("scale", "N = 1M forward + backward: time and peak RSS (--scale only)",
           rows=scale_rows, flag="scale"),
 )  # fmt: skip

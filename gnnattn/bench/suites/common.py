@@ -1,18 +1,11 @@
-"""Building blocks the suites share: layers with nonzero biases, the peers with
-gnnattn's weights, inputs, random graphs.
+"""Building blocks the suites share: layers with nonzero biases, the peers as
+candidates, inputs, random and kNN graphs.
 
-The peers compute gnnattn's operator with gnnattn's weights:
-
-* ``torch.nn.MultiheadAttention`` (from :meth:`SelfAttentionConv.to_torch`,
-  ``batch_first=True``, ``need_weights=False``) and raw
-  :func:`torch.nn.functional.scaled_dot_product_attention` on ``[1, H, T, C]``
-  between the same four projections;
-* FlexAttention with a block mask, where it exists. On the CPU it runs eagerly
-  (no ``torch.compile``), which materializes the score matrix: a floor for
-  "what a block mask buys without a compiler", not FlexAttention's best;
-* PyG ``TransformerConv`` (``heads=H, out_channels=C, concat=True,
-  root_weight=False``) with gnnattn's query/key/value weights copied in and
-  gnnattn's output projection applied after it.
+The peers themselves (``nn.MultiheadAttention``, raw SDPA, FlexAttention,
+PyG ``TransformerConv`` and ``utils.softmax``, each with gnnattn's weights)
+are written once, in :mod:`gnnattn.peers`, for the bench and for
+:mod:`gnnattn.compare`; here they become :class:`~gnnattn.bench.harness.Candidate`
+objects.
 """
 
 from __future__ import annotations
@@ -23,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ... import peers
 from ..harness import BenchConfig, Candidate
 
 __all__ = [
@@ -32,15 +26,17 @@ __all__ = [
     "fused_alone",
     "has_compiled_kernels",
     "input_pair",
+    "knn_graph",
     "mha",
-    "projected",
     "random_graph",
+    "random_points",
     "transformer_conv",
     "with_backend",
 ]
 
 
 def has_compiled_kernels(device: torch.device) -> bool:
+    """Whether ``device`` has compiled fused kernels (numba on the CPU, Triton on CUDA)."""
     from ... import kernels
 
     return kernels.get(device) is not kernels.reference
@@ -59,89 +55,37 @@ def attention_layer(d: int, h: int, device: torch.device, causal: bool = False) 
 
 
 def with_backend(layer: Any, backend: str, graph: Any = None) -> Callable[[Tensor], Tensor]:
-    """``layer(x, graph)`` on ``backend``; ``graph`` is an ``AttentionGraph`` (built
-    once, by the case) or a plain ``edge_index`` (analysed on every call)."""
+    """``layer(x, graph, backend=backend)``: the backend chosen for this call only (the
+    layer is shared by the candidates and never changed); ``graph`` is an
+    ``AttentionGraph`` (built once, by the case) or a plain ``edge_index``
+    (analysed on every call)."""
 
     def fn(x: Tensor) -> Tensor:
-        layer.backend = backend
-        return layer(x, graph)
+        return layer(x, graph, backend=backend)
 
     return fn
 
 
-def projected(
-    layer: Any, attend: Callable[[Tensor, Tensor, Tensor], Tensor]
-) -> Callable[[Tensor], Tensor]:
-    """``attend`` on ``[1, H, T, C]`` between gnnattn's own projections."""
-    h, c, d = layer.num_heads, layer.head_dim, layer.embed_dim
-
-    def fn(x: Tensor) -> Tensor:
-        t = x.shape[0]
-        q = layer.lin_query(x).view(1, t, h, c).transpose(1, 2)  # (1, H, T, C)
-        k = layer.lin_key(x).view(1, t, h, c).transpose(1, 2)  # (1, H, T, C)
-        v = layer.lin_value(x).view(1, t, h, c).transpose(1, 2)  # (1, H, T, C)
-        o = attend(q, k, v)  # (1, H, T, C)
-        return layer.lin_out(o.transpose(1, 2).reshape(t, d))  # (T, D)
-
-    return fn
-
-
-def mha(layer: Any, causal: bool, t: int, device: torch.device) -> tuple[Any, Callable]:
+def mha(layer: Any, causal: bool, t: int) -> tuple[Any, Callable[[Tensor], Tensor]]:
     """``nn.MultiheadAttention`` with the layer's weights, and a call on ``[T, D]``."""
-    module = layer.to_torch(batch_first=True).eval()
-    mask = None
-    if causal:
-        # MultiheadAttention takes is_causal only as a hint next to a mask.
-        mask = torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
-
-    def fn(x: Tensor) -> Tensor:
-        xb = x.unsqueeze(0)  # (1, T, D)
-        out = module(xb, xb, xb, need_weights=False, attn_mask=mask, is_causal=causal)[0]
-        return out[0]
-
-    return module, fn
+    module, fn = peers.mha(layer, t, causal=causal)
+    return module, lambda x: fn(x)[0]
 
 
-def transformer_conv(layer: Any, edge_index: Tensor, device: torch.device) -> tuple[Any, Callable]:
-    """PyG TransformerConv with gnnattn's weights, followed by gnnattn's output projection."""
-    from torch_geometric.nn import TransformerConv
-
-    h, c, d = layer.num_heads, layer.head_dim, layer.embed_dim
-    conv = TransformerConv(d, c, heads=h, concat=True, root_weight=False).to(device).eval()
-    with torch.no_grad():
-        for name in ("lin_query", "lin_key", "lin_value"):
-            ours, theirs = getattr(layer, name), getattr(conv, name)
-            theirs.weight.copy_(ours.weight)
-            theirs.bias.copy_(ours.bias)
-
-    def fn(x: Tensor) -> Tensor:
-        return layer.lin_out(conv(x, edge_index))
-
-    return conv, fn
+def transformer_conv(layer: Any, edge_index: Tensor) -> tuple[Any, Callable[[Tensor], Tensor]]:
+    """PyG ``TransformerConv`` with gnnattn's weights, followed by gnnattn's output projection."""
+    return peers.transformer_conv(layer, edge_index)
 
 
 def flex(layer: Any, causal: bool, t: int, device: torch.device) -> Candidate:
     """FlexAttention with a block mask between the layer's projections, where it exists."""
     name = "flex_attention (block mask, eager)" if device.type == "cpu" else "flex_attention"
     try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    except ImportError as err:
+        fn = peers.flex(layer, t, causal=causal)
+    except peers.PeerUnavailable as err:
         return Candidate(name, skip=f"unavailable ({err})")
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return q_idx >= kv_idx if causal else q_idx >= 0
-
-    try:
-        block_mask = create_block_mask(mask_mod, None, None, t, t, device=str(device))
-    except Exception as err:  # noqa: BLE001 - any failure means: not available here
-        return Candidate(name, skip=f"unavailable ({type(err).__name__})")
-    scale = layer.scale
-
-    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return flex_attention(q, k, v, block_mask=block_mask, scale=scale)  # type: ignore[return-value]
-
     note = "no torch.compile: materializes the scores" if device.type == "cpu" else ""
-    return Candidate(name, projected(layer, attend), note=note)
+    return Candidate(name, fn, note=note)
 
 
 def input_pair(n: int, d: int, device: torch.device, gen: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -160,18 +104,15 @@ def edge_skip(num_edges: int, d: int, cfg: BenchConfig) -> str | None:
 
 
 def fused_alone(layer: Any, graph: Any) -> Callable[[Tensor], Tensor]:
-    """The fused operator between the layer's projections, with no layer plumbing."""
-    from ...ops import fused_attention
-
-    h, c, d = layer.num_heads, layer.head_dim, layer.embed_dim
+    """``gnnattn.attention(..., backend="fused")`` between the layer's projections: the
+    operator with no layer plumbing."""
+    from ...ops import attention
 
     def fn(x: Tensor) -> Tensor:
-        n = x.shape[0]
-        q = layer.lin_query(x).view(n, h, c)  # (N, H, C)
-        k = layer.lin_key(x).view(n, h, c)  # (N, H, C)
-        v = layer.lin_value(x).view(n, h, c)  # (N, H, C)
-        out, _ = fused_attention(q, k, v, graph, layer.scale)
-        return layer.lin_out(out.reshape(n, d))  # (N, D)
+        q, k, v = peers.split_heads(layer, x)  # (N, H, C)
+        out = attention(q, k, v, graph, scale=layer.scale, backend="fused")
+        assert isinstance(out, Tensor)
+        return peers.merge_heads(layer, out)  # (N, D)
 
     return fn
 
@@ -185,4 +126,23 @@ def random_graph(n: int, deg: int, gen: torch.Generator) -> Tensor:
     """
     src = torch.randint(0, n, (n * deg,), generator=gen)
     dst = torch.arange(n).repeat_interleave(deg)
+    return torch.stack([src, dst])
+
+
+def random_points(n: int, gen: torch.Generator) -> Tensor:
+    """``[n, 3]`` float64 points, uniform in the unit cube (in no particular order)."""
+    return torch.rand(n, 3, generator=gen, dtype=torch.float64)
+
+
+def knn_graph(pos: Tensor, k: int) -> Tensor:
+    """``j -> i`` for the ``k`` nearest points ``j`` of each point ``i`` (itself included).
+
+    ``[2, n * k]`` int64, grouped by target; found with ``scipy.spatial.cKDTree``.
+    """
+    from scipy.spatial import cKDTree
+
+    pts = pos.detach().cpu().double().numpy()
+    _, nbr = cKDTree(pts).query(pts, k=k)
+    src = torch.from_numpy(nbr.reshape(-1)).long()
+    dst = torch.arange(pos.shape[0]).repeat_interleave(k)
     return torch.stack([src, dst])

@@ -6,12 +6,11 @@ Baseline: ``nn.MultiheadAttention`` with the layer's weights.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from ... import peers
 from ..harness import BenchConfig, Candidate, Case
 from .common import (
     attention_layer,
@@ -20,7 +19,6 @@ from .common import (
     has_compiled_kernels,
     input_pair,
     mha,
-    projected,
     transformer_conv,
     with_backend,
 )
@@ -54,12 +52,11 @@ def _dense_case(
     layer = attention_layer(d, h, device, causal=causal)
     x, g = input_pair(t, d, device, gen)
     num_edges = t * (t + 1) // 2 if causal else t * t
-    torch_mha, mha_fn = mha(layer, causal, t, device)
+    torch_mha, mha_fn = mha(layer, causal, t)
     big = edge_skip(num_edges, d, cfg)
-    sdpa = functools.partial(F.scaled_dot_product_attention, is_causal=causal, scale=layer.scale)
     cands = [
         Candidate("nn.MultiheadAttention", mha_fn),
-        Candidate("F.sdpa [1,H,T,C] (+proj)", projected(layer, sdpa)),
+        Candidate("F.sdpa [1,H,T,C] (+proj)", peers.sdpa(layer, t, causal=causal)),
         Candidate("gnnattn auto: layer(x)", with_backend(layer, "auto")),
         Candidate("gnnattn sdpa: layer(x)", with_backend(layer, "sdpa")),
         Candidate(
@@ -74,7 +71,7 @@ def _dense_case(
     params = list(layer.parameters()) + list(torch_mha.parameters())
     if big is None:
         ei = causal_graph(t, device=device) if causal else complete_graph(t, device=device)
-        conv, conv_fn = transformer_conv(layer, ei, device)
+        conv, conv_fn = transformer_conv(layer, ei)
         cands.append(Candidate("PyG TransformerConv (+out proj)", conv_fn))
         params += list(conv.parameters())
     else:
@@ -118,7 +115,7 @@ def edge_index_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
     x, g = input_pair(t, d, device, gen)
     ei = complete_graph(t, device=device)
     graph = AttentionGraph(ei)
-    torch_mha, mha_fn = mha(layer, False, t, device)
+    torch_mha, mha_fn = mha(layer, False, t)
     compiled = has_compiled_kernels(device)
     big = edge_skip(t * t, d, cfg)
     cands = [

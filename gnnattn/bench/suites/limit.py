@@ -11,10 +11,12 @@ two (``k_j``, ``v_j``), the backward four (``k_j``, ``v_j`` in the
 destination pass; ``q_i``, ``dout_i`` in the source pass).
 
 The kernel rows call :mod:`gnnattn.kernels.cpu` directly on the graph
-object's CSR and transposed CSR (built once, outside the timing); the
-``ops.fused_attention`` rows go through autograd as the layer does. Outputs of
-different operators are not compared here; ``tests/test_kernels_cpu.py``
-checks every kernel against the float64 reference.
+object's CSR and transposed CSR and the kernels' plans of them (built once,
+outside the timing); the
+``gnnattn.attention(..., backend="fused")`` rows go through autograd as the
+layer does. Outputs of different operators are not compared here;
+``tests/test_kernels_cpu.py`` checks every kernel against the float64
+reference.
 """
 
 from __future__ import annotations
@@ -48,22 +50,26 @@ def _case(cfg: BenchConfig, n: int, deg: int, h: int, c: int) -> Case:
 
     from ...graphs import AttentionGraph
     from ...kernels import cpu
-    from ...ops import fused_attention
+    from ...ops import attention
 
     gen = torch.Generator().manual_seed(cfg.seed + 6)
     w = h * c
     e = n * deg
     graph = AttentionGraph(random_graph(n, deg, gen), n)
     ptr, col, _ = graph.csr
-    csc = tuple(graph.csc)
+    tptr, trow, tperm = graph.csc
+    csc = (tptr, trow, tperm)
+    # The kernels' checked plans, made once (as the operator keeps them on the graph).
+    pl = cpu.plan(ptr, col, n)
+    tpl = cpu.plan(tptr, trow, n, perm=tperm)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
         adj = torch.sparse_csr_tensor(ptr, col, torch.ones(e), (n, n))
     q, k, v, dout = (torch.randn(n, h, c, generator=gen) for _ in range(4))
     xmat = torch.randn(n, w, generator=gen)
     scale = c**-0.5
-    _, lse = cpu.attention_fwd(q, k, v, ptr, col, scale)
-    _, ld, _ = cpu.attention_bwd_dst(q, k, v, lse, dout, ptr, col, scale)
+    _, lse = cpu.attention_fwd(q, k, v, ptr, col, scale, plan=pl)
+    _, ld, _, _ = cpu.attention_bwd_dst(q, k, v, lse, dout, ptr, col, scale, plan=pl)
 
     # Bytes each call must move at least: gathered rows per edge, the index
     # arrays once, the rows each node reads and writes once.
@@ -91,20 +97,21 @@ def _case(cfg: BenchConfig, n: int, deg: int, h: int, c: int) -> Case:
 
     def op_fwdbwd() -> None:
         with torch.enable_grad():
-            out, _ = fused_attention(lq, lk, lv, graph, scale)
+            out = attention(lq, lk, lv, graph, scale=scale, backend="fused")
+            assert isinstance(out, Tensor)
             out.backward(dout)
         for t in (lq, lk, lv):
             t.grad = None
 
     def op_fwd() -> None:
-        fused_attention(q, k, v, graph, scale)
+        attention(q, k, v, graph, scale=scale, backend="fused")
 
     def kernel_bwd() -> None:
-        cpu.attention_bwd(q, k, v, None, lse, dout, ptr, col, scale, csc=csc)  # type: ignore[arg-type]
+        cpu.attention_bwd(q, k, v, None, lse, dout, ptr, col, scale, csc=csc, plan=pl, csc_plan=tpl)
 
     def kernel_fwdbwd() -> None:
-        _, ls = cpu.attention_fwd(q, k, v, ptr, col, scale)
-        cpu.attention_bwd(q, k, v, None, ls, dout, ptr, col, scale, csc=csc)  # type: ignore[arg-type]
+        _, ls = cpu.attention_fwd(q, k, v, ptr, col, scale, plan=pl)
+        cpu.attention_bwd(q, k, v, None, ls, dout, ptr, col, scale, csc=csc, plan=pl, csc_plan=tpl)
 
     cands = [
         Candidate("CSR SpMM: torch.sparse.mm(A, X)", spmm_fn, bytes=spmm),
@@ -116,32 +123,32 @@ def _case(cfg: BenchConfig, n: int, deg: int, h: int, c: int) -> Case:
         ),
         Candidate(
             "fused forward (kernel)",
-            call(lambda: cpu.attention_fwd(q, k, v, ptr, col, scale)),
+            call(lambda: cpu.attention_fwd(q, k, v, ptr, col, scale, plan=pl)),
             note="gathers k_j, v_j",
             bytes=fwd,
         ),
         Candidate(
             "backward destination pass (kernel)",
-            call(lambda: cpu.attention_bwd_dst(q, k, v, lse, dout, ptr, col, scale)),
+            call(lambda: cpu.attention_bwd_dst(q, k, v, lse, dout, ptr, col, scale, plan=pl)),
             note="gathers k_j, v_j: D_i, dq",
             bytes=dst,
         ),
         Candidate(
             "backward source pass (kernel)",
-            call(lambda: cpu.attention_bwd_src(q, k, v, ld, dout, csc, scale)),  # type: ignore[arg-type]
+            call(lambda: cpu.attention_bwd_src(q, k, v, ld, dout, csc, scale, csc_plan=tpl)),
             note="gathers q_i, dout_i, (lse_i, D_i): dk, dv",
             bytes=src,
         ),
         Candidate("backward, both passes (kernel)", call(kernel_bwd), bytes=dst + src),
         Candidate("forward + backward (kernel)", call(kernel_fwdbwd), bytes=fwd + dst + src),
         Candidate(
-            "forward: ops.fused_attention",
+            "forward: gnnattn.attention",
             call(op_fwd),
             note="the operator as the layer calls it (no grad)",
             bytes=fwd,
         ),
         Candidate(
-            "forward + backward: ops.fused_attention",
+            "forward + backward: gnnattn.attention",
             call(op_fwdbwd),
             note="through autograd, as in training",
             bytes=fwd + dst + src,

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ..harness import BenchConfig, Candidate, Case
-from .common import attention_layer, input_pair, with_backend
+from .common import attention_layer, input_pair, knn_graph, random_points, with_backend
 
 __all__ = ["SIZES", "reorder_cases"]
 
@@ -33,17 +33,6 @@ SIZES: dict[str, dict[str, Any]] = {
     "full": {"knn": (200_000, 16), "grid": 448, "layer": (128, 4)},
     "quick": {"knn": (2_000, 8), "grid": 30, "layer": (32, 4)},
 }
-
-
-def _knn_graph(n: int, k: int, gen: torch.Generator) -> Tensor:
-    """``j -> i`` for the ``k`` nearest points ``j`` of each point ``i`` (itself included)."""
-    from scipy.spatial import cKDTree
-
-    pts = torch.rand(n, 3, generator=gen, dtype=torch.float64).numpy()
-    _, nbr = cKDTree(pts).query(pts, k=k)
-    src = torch.from_numpy(nbr.reshape(-1)).long()
-    dst = torch.arange(n).repeat_interleave(k)
-    return torch.stack([src, dst])
 
 
 def _grid_graph(side: int) -> Tensor:
@@ -69,7 +58,8 @@ def reorder_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
     sizes = SIZES["quick" if cfg.quick else "full"]
     gen = torch.Generator().manual_seed(cfg.seed + 7)
     n, k = sizes["knn"]
-    cases = _case(cfg, "kNN graph of random 3-D points", _knn_graph(n, k, gen), None, device)
+    knn = knn_graph(random_points(n, gen), k)
+    cases = _case(cfg, "kNN graph of random 3-D points", knn, None, device)
     side = sizes["grid"]
     grid = _grid_graph(side)
     shuffle = torch.randperm(side * side, generator=gen)  # old id -> new id
@@ -78,14 +68,15 @@ def reorder_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
 
 
 def _operator(graph: Any, heads: int) -> Any:
-    from ...ops import fused_attention
+    from ...ops import attention
 
     def fn(x: Tensor) -> Tensor:
         n, d = x.shape
         q = x.view(n, heads, d // heads)
         # Distinct k and v rows (one array for both would halve the gathers).
         k, v = q * 0.5, q * 2.0
-        out, _ = fused_attention(q, k, v, graph, (d // heads) ** -0.5)
+        out = attention(q, k, v, graph, backend="fused")
+        assert isinstance(out, Tensor)
         return out.reshape(n, d)
 
     return fn
@@ -139,9 +130,9 @@ def _case(
     # what the node order changes, without the four [N, D] x [D, D] matmuls.
     op_r = _operator(graph_r, h)
     operator = [
-        Candidate("shuffled ids: fused_attention(q, k, v)", _operator(graph, h)),
+        Candidate("shuffled ids: attention(q, k, v)", _operator(graph, h)),
         Candidate(
-            "reordered (RCM): restore(fused_attention(apply(...)))",
+            "reordered (RCM): restore(attention(apply(...)))",
             lambda x: order.restore(op_r(order.apply(x))),
         ),
     ]

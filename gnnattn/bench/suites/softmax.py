@@ -1,7 +1,7 @@
 """The ``softmax`` suite: segment softmax over a sorted index, ``[E, H]`` scores.
 
 Baseline: PyG ``torch_geometric.utils.softmax`` with ``index`` (and, as a
-second peer, with ``ptr``).
+second peer, with ``ptr``), through :func:`gnnattn.peers.pyg_softmax`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ SIZES: dict[str, tuple[int, int, int]] = {
 
 def softmax_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
     """``scatter_softmax`` against PyG's ``softmax`` on the same scores."""
-    from torch_geometric.utils import softmax as pyg_softmax
-
+    from ...peers import pyg_softmax
     from ...softmax import scatter_softmax
 
     gen = torch.Generator().manual_seed(cfg.seed + 3)

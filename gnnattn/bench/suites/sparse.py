@@ -41,7 +41,7 @@ def sparse_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
     x, g = input_pair(n, d, device, gen)
     ei = random_graph(n, deg, gen).to(device)
     graph = AttentionGraph(ei, n)
-    conv, conv_fn = transformer_conv(layer, ei, device)
+    conv, conv_fn = transformer_conv(layer, ei)
     compiled = has_compiled_kernels(device)
     ref_note = "" if compiled else "reference kernel (no compiled CPU kernel)"
     cands = [
@@ -59,7 +59,7 @@ def sparse_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
         Candidate(
             "gnnattn fused operator alone (+proj)",
             fused_alone(layer, graph),
-            note="projections + ops.fused_attention: the layer without its plumbing",
+            note="projections + gnnattn.attention(backend='fused'): the layer without its plumbing",
         ),
         Candidate(
             "gnnattn fused: layer(x, graph)", with_backend(layer, "fused", graph), note=ref_note

@@ -1,4 +1,8 @@
-"""Checkpoints for the examples: written atomically, resumed exactly, refused when they differ.
+"""What the training examples share: their command line, the settings of a run, checkpoints
+(written atomically, resumed exactly, refused when they differ) and a test hook.
+
+``tiny_gpt.py`` and ``ddp_train.py`` import it (a script's own directory is on
+``sys.path``, so ``import common`` finds this file); it is not a script.
 
 A checkpoint is one file (``torch.save`` of a dict of tensors, numbers and
 strings, so ``torch.load(..., weights_only=True)`` reads it) holding everything
@@ -8,11 +12,14 @@ from it, the remaining steps draw the same batches and the same dropout masks
 as the run that wrote it, so the final parameters are bitwise those of an
 uninterrupted run.
 
-``tiny_gpt.py`` and ``ddp_train.py`` use it; it is not a script.
+Test hook: with ``GNNATTN_FAIL_AT_STEP=N`` in the environment, a training run
+exits with status 1 after step N, once (see :func:`fail_once`). The tests use
+it to simulate a crash; it is not an option for users.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
@@ -25,6 +32,85 @@ import torch
 # Bumped when the layout of the dict changes, so an old file is refused by name
 # instead of failing on a missing key.
 FORMAT = 1
+
+#: The environment variable of the crash test hook (a step number).
+FAIL_AT_STEP = "GNNATTN_FAIL_AT_STEP"
+
+# ---------------------------------------------------------------- command line
+
+
+def training_parser(
+    description: str, *, ckpt_name: str, batch_size: int
+) -> argparse.ArgumentParser:
+    """The options every training example takes; a script adds its own after these.
+
+    Options left at ``None`` get the script's defaults in :func:`parse_training_args`.
+    """
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="a small run, under a minute")
+    p.add_argument("--steps", type=int, default=None, help="training steps")
+    p.add_argument("--block", type=int, default=None, help="context length T")
+    p.add_argument("--batch-size", type=int, default=batch_size, help="sequences per step")
+    p.add_argument("--embed-dim", type=int, default=None)
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("gnnattn-demo-out"))
+    p.add_argument(
+        "--ckpt-every",
+        type=int,
+        default=100,
+        help=f"write --out/{ckpt_name} every this many steps and at the end (0: never)",
+    )
+    p.add_argument(
+        "--resume",
+        type=Path,
+        nargs="?",
+        const=Path(""),
+        default=None,
+        help=f"continue from a checkpoint (default: --out/{ckpt_name}); none there: start fresh",
+    )
+    return p
+
+
+def parse_training_args(
+    p: argparse.ArgumentParser,
+    argv: list[str] | None,
+    *,
+    ckpt_name: str,
+    quick: dict[str, Any],
+    full: dict[str, Any],
+) -> argparse.Namespace:
+    """Parse ``argv``; every option still ``None`` takes its value from ``quick`` (with
+    --quick) or ``full``, and a bare ``--resume`` means ``--out/ckpt_name``."""
+    args = p.parse_args(argv)
+    if args.ckpt_every < 0:
+        p.error(f"--ckpt-every: expected a number of steps >= 0, got {args.ckpt_every}")
+    for key, value in (quick if args.quick else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.resume == Path(""):
+        args.resume = args.out / ckpt_name
+    return args
+
+
+def run_config(args: argparse.Namespace, vocab: list[str], **extra: Any) -> dict[str, Any]:
+    """Everything that shapes a run: a checkpoint of another run is refused (``check_config``)."""
+    return {
+        "vocab": "".join(vocab),
+        "block": args.block,
+        "embed_dim": args.embed_dim,
+        "layers": args.layers,
+        "heads": args.heads,
+        "lr": args.lr,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+        **extra,
+    }
+
+
+# ---------------------------------------------------------------- checkpoints
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -172,8 +258,11 @@ def set_rng_state(state: dict[str, Any], *generators: torch.Generator) -> None:
         g.set_state(s)
 
 
-def fail_once(out: Path, step: int, fail_at: int | None) -> None:
-    """``--fail-at-step``: end this process with status 1 after step ``fail_at``, once.
+# ---------------------------------------------------------------- test hook
+
+
+def fail_once(out: Path, step: int) -> None:
+    """Test hook: end this process with status 1 after step ``$GNNATTN_FAIL_AT_STEP``, once.
 
     A file in ``out`` records that the fault happened, so the same command run
     again (by hand, or by torchrun after a restart) goes past the step. The
@@ -181,14 +270,15 @@ def fail_once(out: Path, step: int, fail_at: int | None) -> None:
     interpreter teardown (which, with a live DDP wrapper, may itself hang; see
     ``ddp_train.py``).
     """
-    if fail_at is None or step != fail_at:
+    value = os.environ.get(FAIL_AT_STEP)
+    if not value or int(value) != step:
         return
     marker = Path(out) / f"failed_at_step_{step}"
     if marker.exists():
         return
-    marker.write_text(f"--fail-at-step {step}: this process exited here once\n")
+    marker.write_text(f"{FAIL_AT_STEP}={step}: this process exited here once\n")
     print(
-        f"--fail-at-step {step}: exiting with status 1 after step {step} (a simulated crash; "
+        f"{FAIL_AT_STEP}={step}: exiting with status 1 after step {step} (a simulated crash; "
         f"{marker} keeps it from happening again)",
         file=sys.stderr,
         flush=True,
