@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
@@ -40,9 +41,13 @@ __all__ = ["ParityResult", "ParityRow", "TOLERANCES", "compare"]
 
 #: Relative tolerance per dtype: a few units of each format's rounding error,
 #: grown by the reductions of an attention layer.
-TOLERANCES: dict[str, float] = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 6e-2}
+TOLERANCES: Mapping[str, float] = MappingProxyType(
+    {"float32": 1e-4, "float16": 1e-2, "bfloat16": 6e-2}
+)
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPES = MappingProxyType(
+    {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+)
 CANDIDATES = (
     "mp",
     "sdpa",
@@ -210,13 +215,17 @@ def _conv(layer: SelfAttentionConv, n: int, causal: bool) -> Callable[[Tensor], 
 
 
 _GRAPH_BACKENDS = ("mp", "sdpa", "fused")
-_RUNNERS: dict[str, Callable[[SelfAttentionConv, int, bool], _Runner]] = {
-    **{b: _graph_runner(b) for b in _GRAPH_BACKENDS},
-    "nn.MultiheadAttention": _mha,
-    "F.sdpa": _output_only(lambda layer, n, causal: peers.sdpa(layer, n, causal=causal)),
-    "flex_attention": _output_only(lambda layer, n, causal: peers.flex(layer, n, causal=causal)),
-    "PyG TransformerConv": _output_only(_conv),
-}
+_RUNNERS: Mapping[str, Callable[[SelfAttentionConv, int, bool], _Runner]] = MappingProxyType(
+    {
+        **{b: _graph_runner(b) for b in _GRAPH_BACKENDS},
+        "nn.MultiheadAttention": _mha,
+        "F.sdpa": _output_only(lambda layer, n, causal: peers.sdpa(layer, n, causal=causal)),
+        "flex_attention": _output_only(
+            lambda layer, n, causal: peers.flex(layer, n, causal=causal)
+        ),
+        "PyG TransformerConv": _output_only(_conv),
+    }
+)
 
 
 def _err(a: Tensor, ref: Tensor) -> tuple[float, float]:

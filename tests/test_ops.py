@@ -15,6 +15,7 @@ import threading
 import types
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -303,7 +304,10 @@ def test_no_module_level_mutable_state():
                 continue
             if inspect.isclass(value) or inspect.isroutine(value) or callable(value):
                 continue
-            if isinstance(value, (types.MappingProxyType, torch.dtype, torch.device)):
+            if isinstance(
+                value,
+                (types.MappingProxyType, types.UnionType, torch.dtype, torch.device, np.generic),
+            ):
                 continue
             if (
                 isinstance(value, MessagePassingAttention)

@@ -38,6 +38,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import torch
@@ -57,11 +58,13 @@ __all__ = [
 
 #: What a case times by default: the forward alone and the forward with its backward.
 MODES = ("fwd", "fwdbwd")
-MODE_LABEL = {
-    "fwd": "forward",
-    "fwdbwd": "forward+backward",
-    "step": "training step (forward, backward, optimizer step)",
-}
+MODE_LABEL = MappingProxyType(
+    {
+        "fwd": "forward",
+        "fwdbwd": "forward+backward",
+        "step": "training step (forward, backward, optimizer step)",
+    }
+)
 
 
 @dataclass

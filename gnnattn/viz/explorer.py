@@ -55,6 +55,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import networkx as nx
@@ -77,7 +78,7 @@ OPACITY_FLOOR = 0.05
 # node towards the centre.
 SPRING_EDGES_PER_TARGET = 8
 # Arc bend of an edge (matplotlib's arc3 ``rad``), per layout, as in the drawings.
-_RAD = {"circular": 0.12, "layered": -0.45, "spring": 0.15, "given": 0.15}
+_RAD = MappingProxyType({"circular": 0.12, "layered": -0.45, "spring": 0.15, "given": 0.15})
 
 
 @dataclass

@@ -6,6 +6,8 @@ Baseline: ``nn.MultiheadAttention`` with the layer's weights.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -25,10 +27,12 @@ from .common import (
 
 __all__ = ["SIZES", "causal_cases", "complete_cases", "edge_index_cases"]
 
-SIZES: dict[str, dict[str, Any]] = {
-    "full": {"complete": [256, 1024, 4096], "seq": 1024, "dim": 512, "heads": 8},
-    "quick": {"complete": [64, 128], "seq": 128, "dim": 64, "heads": 4},
-}
+SIZES: Mapping[str, dict[str, Any]] = MappingProxyType(
+    {
+        "full": {"complete": [256, 1024, 4096], "seq": 1024, "dim": 512, "heads": 8},
+        "quick": {"complete": [64, 128], "seq": 128, "dim": 64, "heads": 4},
+    }
+)
 
 _REFERENCE_NOTE = "reference kernel (no compiled CPU kernel)"
 

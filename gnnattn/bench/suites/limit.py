@@ -21,7 +21,8 @@ reference.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
@@ -32,10 +33,12 @@ from .common import random_graph
 __all__ = ["SIZES", "limit_cases"]
 
 # (nodes, in-degree, heads, head dim)
-SIZES: dict[str, list[tuple[int, int, int, int]]] = {
-    "full": [(20_000, 32, 4, 32), (200_000, 32, 4, 32)],
-    "quick": [(2_000, 8, 4, 8)],
-}
+SIZES: Mapping[str, list[tuple[int, int, int, int]]] = MappingProxyType(
+    {
+        "full": [(20_000, 32, 4, 32), (200_000, 32, 4, 32)],
+        "quick": [(2_000, 8, 4, 8)],
+    }
+)
 
 
 def limit_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:

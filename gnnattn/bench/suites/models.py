@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -21,10 +23,12 @@ from .dense import SIZES as DENSE_SIZES
 __all__ = ["SIZES", "model_cases"]
 
 # GraphTransformer vs nn.TransformerEncoder: (sequences, tokens, embed, heads, layers)
-SIZES: dict[str, tuple[int, int, int, int, int]] = {
-    "full": (16, 128, 64, 4, 2),
-    "quick": (4, 32, 32, 4, 2),
-}
+SIZES: Mapping[str, tuple[int, int, int, int, int]] = MappingProxyType(
+    {
+        "full": (16, 128, 64, 4, 2),
+        "quick": (4, 32, 32, 4, 2),
+    }
+)
 
 
 def model_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:

@@ -18,6 +18,8 @@ their time is in the row's note.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -28,11 +30,13 @@ from .common import attention_layer, input_pair, knn_graph, random_points, with_
 
 __all__ = ["SIZES", "reorder_cases"]
 
-SIZES: dict[str, dict[str, Any]] = {
-    # knn: (points, k); grid: side; layer: (embed, heads)
-    "full": {"knn": (200_000, 16), "grid": 448, "layer": (128, 4)},
-    "quick": {"knn": (2_000, 8), "grid": 30, "layer": (32, 4)},
-}
+SIZES: Mapping[str, dict[str, Any]] = MappingProxyType(
+    {
+        # knn: (points, k); grid: side; layer: (embed, heads)
+        "full": {"knn": (200_000, 16), "grid": 448, "layer": (128, 4)},
+        "quick": {"knn": (2_000, 8), "grid": 30, "layer": (32, 4)},
+    }
+)
 
 
 def _grid_graph(side: int) -> Tensor:

@@ -21,7 +21,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from ..harness import BenchConfig, row
@@ -29,14 +30,18 @@ from ..harness import BenchConfig, row
 __all__ = ["SIZES", "scale_rows"]
 
 # (nodes, in-degree, embed, heads, timed repetitions)
-SIZES: dict[str, tuple[int, int, int, int, int]] = {
-    "full": (1_000_000, 32, 128, 4, 3),
-    "quick": (20_000, 8, 32, 4, 2),  # only for tests of the machinery
-}
-_INPUTS = {
-    "csr": "graph from an int32 CSR adjacency",
-    "edge_index": "graph from an int64 edge_index",
-}
+SIZES: Mapping[str, tuple[int, int, int, int, int]] = MappingProxyType(
+    {
+        "full": (1_000_000, 32, 128, 4, 3),
+        "quick": (20_000, 8, 32, 4, 2),  # only for tests of the machinery
+    }
+)
+_INPUTS = MappingProxyType(
+    {
+        "csr": "graph from an int32 CSR adjacency",
+        "edge_index": "graph from an int64 edge_index",
+    }
+)
 _SPMM = "CSR SpMM: torch.sparse.mm(A, X [N, embed])"
 _FWD = "SelfAttentionConv forward (no grad)"
 _FWDBWD = "SelfAttentionConv forward + backward"

@@ -6,6 +6,9 @@ second peer, with ``ptr``), through :func:`gnnattn.peers.pyg_softmax`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 import torch
 
 from ..harness import BenchConfig, Candidate, Case
@@ -13,10 +16,12 @@ from ..harness import BenchConfig, Candidate, Case
 __all__ = ["SIZES", "softmax_cases"]
 
 # (entries E, heads H, mean segment length)
-SIZES: dict[str, tuple[int, int, int]] = {
-    "full": (10_000_000, 4, 32),
-    "quick": (100_000, 4, 32),
-}
+SIZES: Mapping[str, tuple[int, int, int]] = MappingProxyType(
+    {
+        "full": (10_000_000, 4, 32),
+        "quick": (100_000, 4, 32),
+    }
+)
 
 
 def softmax_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:

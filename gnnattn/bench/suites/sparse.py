@@ -6,6 +6,8 @@ tensors; at N = 20000, 32 in-edges, embed 128 each is 330 MB).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -24,10 +26,12 @@ from .common import (
 __all__ = ["SIZES", "sparse_cases"]
 
 # (nodes, in-degree, embed, heads)
-SIZES: dict[str, tuple[int, int, int, int]] = {
-    "full": (20000, 32, 128, 4),
-    "quick": (1000, 8, 32, 4),
-}
+SIZES: Mapping[str, tuple[int, int, int, int]] = MappingProxyType(
+    {
+        "full": (20000, 32, 128, 4),
+        "quick": (1000, 8, 32, 4),
+    }
+)
 
 
 def sparse_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:

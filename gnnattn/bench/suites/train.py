@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -44,10 +45,12 @@ from .common import knn_graph, random_points
 __all__ = ["SIZES", "train_rows"]
 
 # (nodes, neighbours per node)
-SIZES: dict[str, tuple[int, int]] = {
-    "full": (50_000, 16),
-    "quick": (2_000, 16),
-}
+SIZES: Mapping[str, tuple[int, int]] = MappingProxyType(
+    {
+        "full": (50_000, 16),
+        "quick": (2_000, 16),
+    }
+)
 EMBED, HEADS, LAYERS, DROPOUT, EDGE_DIM, FEATURES, CLASSES = 64, 4, 2, 0.1, 4, 16, 8
 
 FUSED = "gnnattn auto, dropout 0.1"

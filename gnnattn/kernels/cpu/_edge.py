@@ -27,6 +27,8 @@ inlined by LLVM afterwards, they left the plain forward measurably slower.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import numba
@@ -48,7 +50,9 @@ from ._simd import (
 )
 
 # Inlined by numba (see the module docstring), with the kernels' fast-math flags.
-_OL: dict[str, Any] = dict(inline="always", jit_options=dict(fastmath=_FAST))
+_OL: Mapping[str, Any] = MappingProxyType(
+    dict(inline="always", jit_options=dict(fastmath=set(_FAST)))
+)
 
 
 @numba.njit(**_INLINE)
@@ -132,7 +136,7 @@ def _msg_axpy_ol(acc, w, v, j, vb, e, lo, n):  # pragma: no cover - compiled
 
 # A call, not inlined: numba's typed inlining of the overloads above into a
 # branch (where _dst_grad recomputes) trips its SSA checks.
-@numba.njit(cache=True, fastmath=_FAST)
+@numba.njit(cache=True, fastmath=set(_FAST))
 def _edge_dp(dout, i, v, j, vb, e, key, dscale, h, nh, one, lo, n):  # pragma: no cover - compiled
     """``dp`` of edge ``e``, head ``h``: ``f * dout_i^h . (v_j^h + vb_e^h)``."""
     return _msg_dot(dout, i, v, j, vb, e, lo, n) * _factor(key, dscale, e, h, nh, one)

@@ -28,6 +28,8 @@ Each pass therefore prefetches every cache line of the rows of the edge
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import numba
@@ -41,10 +43,14 @@ from . import _cache  # noqa: F401  (before any kernel: the cache's freshness st
 
 _NEG_INF = -np.inf
 # No 'nnan'/'ninf': the kernels compare with -inf and rely on exp(-inf) = 0.
-_FAST = {"reassoc", "contract", "nsz", "arcp"}
+_FAST = frozenset({"reassoc", "contract", "nsz", "arcp"})
 #: The options of a kernel (a ``prange`` loop) and of an inlined helper.
-_JIT: dict[str, Any] = dict(parallel=True, cache=True, nogil=True, fastmath=_FAST)
-_INLINE: dict[str, Any] = dict(cache=True, inline="always", fastmath=_FAST)
+_JIT: Mapping[str, Any] = MappingProxyType(
+    dict(parallel=True, cache=True, nogil=True, fastmath=set(_FAST))
+)
+_INLINE: Mapping[str, Any] = MappingProxyType(
+    dict(cache=True, inline="always", fastmath=set(_FAST))
+)
 
 # ------------------------------------------------------------------ exp
 
