@@ -6,23 +6,14 @@ layer and every call. It holds the edges (in the caller's order), the number
 of sources and targets, the structure (complete / causal / window / batched,
 known from the builder or detected once), and, built lazily on first use and
 then kept, the destination CSR (forward, ``dq``) and the transposed CSR
-(``dk``/``dv``). Everything derived dies with the object: there are no
-module-level caches keyed by tensor identity anywhere in gnnattn.
+(``dk``/``dv``). There are no module-level caches anywhere in gnnattn.
 
-Safety. Derived index tensors are always made outside inference mode (an
-edge set handed over as an inference tensor is copied once), so a graph first
-used under ``torch.inference_mode()`` still trains afterwards; the lazy
-builds take the object's own lock, so threads sharing one graph build each
-layout once. Derived data lives in one clearly named place, the object's
-:meth:`~AttentionGraph.derived` cache (the operator keeps the kernels' work
-plans there), and dies with the object. The edges are the caller's: a graph
-checks, whenever it reads them, that they were not changed in place since it
-was built (its CSR would be stale), and raises if they were.
-
-A plain ``edge_index`` given to a layer is wrapped in a fresh graph on every
-call: validated (one pass over the edges), and analysed when a backend needs
-it (the structure detection is a few passes over the edges; a sparse graph's
-CSR is a sort). Build the graph object once to pay that once.
+Safety. Derived tensors are made outside inference mode, so a graph first
+used under ``torch.inference_mode()`` still trains; lazy builds take the
+object's own lock; derived data (the kernels' plans among it) lives in the
+object's :meth:`~AttentionGraph.derived` cache. A graph raises if the
+caller's edges were changed in place after it was built (its CSR would be
+stale).
 """
 
 from __future__ import annotations

@@ -1,4 +1,10 @@
-"""The graph a layer attends over, from its call arguments (``edge_index``, ``batch``, ``x``)."""
+"""The graph a layer attends over, from its call arguments (``edge_index``, ``batch``, ``x``).
+
+A plain ``edge_index`` given to a layer is wrapped in a fresh graph on every
+call: validated (one pass over the edges), and analysed when a backend needs
+it (the structure detection is a few passes over the edges; a sparse graph's
+CSR is a sort). Build the graph object once to pay that once.
+"""
 
 from __future__ import annotations
 
