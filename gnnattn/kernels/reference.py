@@ -46,11 +46,12 @@ from .common import Dropout, check_index, check_ptr, dropout_keep
 
 __all__ = [
     "Checked",
-    "dropout_factor",
     "attention_bwd",
     "attention_fwd",
     "attention_scores",
     "attention_weights",
+    "dropout",
+    "dropout_factor",
     "plan",
     "segment_ids",
     "segment_logsumexp",
@@ -163,6 +164,21 @@ def dropout_factor(
         return None
     keep = dropout_keep(dropout, num_edges, num_heads, like.device)
     return keep.to(like.dtype) * dropout.scale
+
+
+def dropout(x: Tensor, dropout: Dropout) -> Tensor:
+    """Dropout of a dense tensor by the stream of :mod:`.common`: ``x`` times
+    ``keep / (1 - p)``, where element ``n`` of ``x`` (row-major) is kept iff the
+    stream keeps counter ``n``. Its own backward: the gradient is ``grad`` times
+    the same factor.
+
+    Example:
+        >>> y = dropout(torch.ones(4, 1000), Dropout(0.25, seed=3, offset=0))
+        >>> sorted(y.unique().tolist()), 0.7 < (y > 0).float().mean().item() < 0.8
+        ([0.0, 1.3333333730697632], True)
+    """
+    keep = dropout_keep(dropout, x.numel(), 1, x.device).view(x.shape)
+    return x * (keep.to(x.dtype) * dropout.scale)
 
 
 def _messages(v: Tensor, col: Tensor, value_bias: Tensor | None) -> Tensor:

@@ -1,6 +1,7 @@
 """Attention layers (PyG ``MessagePassing`` modules) and the models built from them."""
 
 from .conv import SelfAttentionConv
+from .dropout import Dropout
 from .positional import (
     GraphPositionalEncoding,
     LearnedPositionalEncoding,
@@ -11,6 +12,7 @@ from .simplified import SimplifiedAttention
 from .transformer import GraphTransformer, GraphTransformerLayer
 
 __all__ = [
+    "Dropout",
     "GraphPositionalEncoding",
     "GraphTransformer",
     "GraphTransformerLayer",

@@ -20,6 +20,7 @@ from torch import Tensor
 from ..checks import check_int, check_tensor
 from ..graphs import GraphLike, as_graph
 from .conv import SelfAttentionConv
+from .dropout import Dropout
 
 __all__ = ["GraphTransformer", "GraphTransformerLayer"]
 
@@ -59,7 +60,9 @@ class GraphTransformerLayer(torch.nn.Module):
         x \leftarrow \mathrm{LN}_1(x + \mathrm{SA}(x)),\quad
         x \leftarrow \mathrm{LN}_2(x + \mathrm{FF}(x))
 
-    (dropout after the attention, inside and after the feed-forward). The
+    (dropout after the attention, inside and after the feed-forward, by
+    :class:`gnnattn.nn.Dropout`: on the CPU the attention kernels' stream,
+    several times faster than torch's). The
     submodules carry :class:`torch.nn.TransformerEncoderLayer`'s names
     (``self_attn``, ``linear1``, ``linear2``, ``norm1``, ``norm2``), and with
     the same weights the outputs are equal on the complete graph of each
@@ -142,9 +145,9 @@ class GraphTransformerLayer(torch.nn.Module):
         self.linear2 = torch.nn.Linear(ffn_dim, embed_dim, bias=bias)
         self.norm1 = torch.nn.LayerNorm(embed_dim, eps=layer_norm_eps, bias=bias)
         self.norm2 = torch.nn.LayerNorm(embed_dim, eps=layer_norm_eps, bias=bias)
-        self.dropout = torch.nn.Dropout(dropout)
-        self.dropout1 = torch.nn.Dropout(dropout)
-        self.dropout2 = torch.nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
         self.reset_parameters()
 
     @property

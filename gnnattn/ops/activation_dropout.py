@@ -1,0 +1,79 @@
+"""Dropout of activations, by the counter-based stream of the attention kernels.
+
+:func:`dropout` is ``torch.nn.functional.dropout`` with another random stream
+on the CPU: the keep decision of each element is a keyed hash of its position
+(:mod:`gnnattn.kernels.common`), computed by a compiled kernel in one pass, and
+the backward regenerates it. On the CPU that is several times faster than
+torch's dropout (a serial Mersenne Twister and three passes; ``gnnattn bench
+--suite train`` measures the model it serves). Elsewhere (CUDA, float16,
+bfloat16, inside ``torch.compile``, or without numba) it is torch's own
+dropout, which is already fast there. Either way the same
+``torch.manual_seed`` gives the same mask, and each element is kept with
+probability ``1 - p`` and scaled by ``1 / (1 - p)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import kernels
+from ..checks import check_float
+from ..kernels.common import Dropout, draw_dropout
+
+__all__ = ["dropout"]
+
+
+class _StreamDropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, key: Dropout, kern: Any) -> Tensor:
+        ctx.key, ctx.kern = key, kern
+        return kern.dropout(x, key)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        return ctx.kern.dropout(grad, ctx.key), None, None
+
+
+def _compiled(x: Tensor) -> Any:
+    """The module whose ``dropout`` kernel serves ``x``, or ``None`` for torch's."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+        return None
+    if torch.compiler.is_compiling():
+        return None
+    kern = kernels.get(x.device)
+    return None if kern is kernels.reference else kern
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+    r"""Zero each element of ``x`` with probability ``p`` and scale the rest.
+
+    .. math::
+        y_n = \frac{m_n}{1 - p}\, x_n, \qquad m_n \sim \text{Bernoulli}(1 - p)
+
+    Args:
+        x (torch.Tensor): any shape.
+        p (float, optional): the probability of zeroing an element, in
+            ``[0, 1)``. (default: ``0.5``)
+        training (bool, optional): ``False`` returns ``x``. (default: ``True``)
+
+    Shapes:
+        - **input:** ``x`` of any shape
+        - **output:** the shape of ``x``
+
+    Example:
+        >>> _ = torch.manual_seed(0)
+        >>> y = dropout(torch.ones(1000, 64), p=0.1)
+        >>> 0.88 < (y > 0).float().mean().item() < 0.92
+        True
+    """
+    check_float(p, "p", lo=0.0, hi=1.0)
+    if not training or p == 0.0:
+        return x
+    kern = _compiled(x)
+    if kern is None:
+        return F.dropout(x, p, training=True)
+    return _StreamDropout.apply(x, draw_dropout(p), kern)
