@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import torch
 from torch import Tensor
 
 from .. import kernels
@@ -188,6 +189,12 @@ def attention(
     )
 
 
+def _all_finite(*tensors: Tensor) -> bool:
+    """One flag for the inputs (a host synchronisation on CUDA: the sdpa path
+    reads it once per call)."""
+    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+
+
 def _run(
     backend: str,
     q: Tensor,
@@ -203,6 +210,11 @@ def _run(
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """``(out, lse, weights)`` of one backend (``lse``/``weights`` may be ``None``
     when not asked for)."""
+    if backend == "sdpa" and not _all_finite(q, k, v):
+        # SDPA's CPU kernels turn a NaN query row into zeros, and its dense
+        # product spreads a NaN value to targets that have no edge from it:
+        # both break the non-finite contract, which the fused kernels keep.
+        backend = "fused"
     if backend == "sdpa":
         out, weights = sdpa_attention(q, k, v, graph, scale, dropout_p=p, need_weights=need_weights)
         return out, (_edge_lse(q, k, graph, scale) if return_lse else None), weights
