@@ -482,3 +482,24 @@ def test_threads_get_their_own_attention_weights():
         t.join()
     for a, b in zip(got, want, strict=True):
         assert a is not None and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", ["mp", "fused"])
+def test_edges_changed_in_place_are_refused_on_every_backend(backend):
+    """The graph keeps the caller's edge_index (no copy) and its version: an
+    in-place change after the CSR was built raises instead of letting the
+    backends read different edges."""
+    from gnnattn import SelfAttentionConv
+
+    ei = torch.randint(0, 12, (2, 40))
+    graph = AttentionGraph(ei, 12)
+    layer = SelfAttentionConv(8, num_heads=2)
+    x = torch.randn(12, 8)
+    layer(x, graph, backend="fused")  # the CSR and plans now exist
+    ei[0, 0] = (ei[0, 0] + 1) % 12
+    with pytest.raises(ValueError, match="modified in place"):
+        layer(x, graph, backend=backend)
+    fresh = AttentionGraph(ei, 12)
+    torch.testing.assert_close(
+        layer(x, fresh, backend="mp"), layer(x, fresh, backend="fused"), atol=1e-5, rtol=1e-5
+    )
