@@ -74,6 +74,16 @@ def _check_look(ax: Any, title: Any, **flags: Any) -> None:
             raise TypeError(f"Expected '{name}' to be a bool or None, got {type(value).__name__}")
 
 
+def _check_drawing(ax: Any, title: Any, edge_labels: Any, max_width: Any, color: Any) -> float:
+    """The checks of :func:`draw_attention`'s looks; returns ``max_width`` as a float."""
+    from matplotlib.colors import is_color_like
+
+    _check_look(ax, title, edge_labels=edge_labels)
+    if not is_color_like(color):
+        raise ValueError(f"Expected 'color' to be a matplotlib colour, got {color!r}")
+    return check_float(max_width, "max_width", lo=0.0)
+
+
 def _select(
     edge_index: Tensor,
     alpha: Tensor,
@@ -127,15 +137,12 @@ def draw_attention(
 ) -> Any:
     r"""Draw the weights as a graph: arrows :math:`j \to i`, width and opacity ∝ weight.
 
-    Arrows point the way messages flow (source to target); a loop is the
-    self-attention weight :math:`\alpha_{ii}`. Width is ``max_width * weight``
-    and opacity the weight (floored at 0.08), never normalized, so two
-    drawings compare. Layout: circular for a complete graph, layered left to
-    right for a DAG (causal attention), spring otherwise. Labels are plain
-    text, each in the largest font that fits its circle. A graph of more than
-    100 nodes is refused at once with a ``ValueError`` (draw ``around`` a
-    node instead); more than ``max_edges`` edges are cut to the top k per
-    target that fit, and the legend says so (see :mod:`gnnattn.viz.limits`).
+    A loop is :math:`\alpha_{ii}`; width ``max_width * weight``, opacity the
+    weight (at least 0.08), never rescaled. Layout: circular (complete graph),
+    layered (DAG), else spring. Labels are plain text, fitted to their circle.
+    More than 100 nodes: a ``ValueError`` at once (draw ``around`` a node);
+    more than ``max_edges`` edges: cut to the top k per target that fit, as
+    the legend says (see :mod:`gnnattn.viz.limits`).
 
     Args:
         edge_index (Tensor): ``[2, E]``.
@@ -143,12 +150,11 @@ def draw_attention(
         tokens (list of str, optional): node labels. (default: :obj:`None`, the ids)
         head (int, optional): which head. (default: :obj:`None`, the mean over heads)
         num_nodes (int, optional): :math:`N`. (default: :obj:`None`)
-        around (int, optional): draw only this node's ``hops``-hop in-neighbourhood,
-            labelled with the original ids (or tokens). (default: :obj:`None`)
+        around (int, optional): only this node's ``hops``-hop in-neighbourhood,
+            labelled by original id or token. (default: :obj:`None`)
         hops (int, optional): the neighbourhood's depth. (default: ``2``)
-        min_weight (float, optional): hide edges below this weight. (default: ``0.0``)
-        top_k (int, optional): keep the ``top_k`` heaviest incoming edges of
-            each target. (default: :obj:`None`)
+        min_weight (float, optional): hide lighter edges. (default: ``0.0``)
+        top_k (int, optional): keep each target's ``top_k`` heaviest. (default: :obj:`None`)
         max_edges (int, optional): most edges drawn. (default: ``500``)
         layout (str, optional): ``"auto"``, ``"circular"``, ``"layered"`` or
             ``"spring"``. (default: ``"auto"``)
@@ -156,13 +162,12 @@ def draw_attention(
             (default: :obj:`None`, when at most 16 edges are shown)
         max_width (float, optional): points of a weight-1 edge. (default: ``8.0``)
         color (optional): edge colour, any matplotlib colour. (default: ``"tab:blue"``)
-        ax (matplotlib.axes.Axes, optional): where to draw. (default: :obj:`None`, a new
-            figure sized to the graph)
+        ax (matplotlib.axes.Axes, optional): where to draw. (default: :obj:`None`)
         title (str, optional): axes title. (default: :obj:`None`, one naming the head)
 
     Returns:
-        matplotlib.axes.Axes: ``ax.graph`` is the drawn :class:`networkx.DiGraph`
-        (every edge, filters aside), ``ax.layout_name`` the layout used.
+        matplotlib.axes.Axes: ``ax.graph`` is the :class:`networkx.DiGraph`
+        drawn, ``ax.layout_name`` the layout used.
 
     Example:
         >>> import matplotlib; matplotlib.use("Agg")
@@ -171,27 +176,21 @@ def draw_attention(
         ('layered', '$x$')
     """
     plt = _pyplot()
-    _check_look(ax, title, edge_labels=edge_labels)
-    max_width = check_float(max_width, "max_width", lo=0.0)
-    from matplotlib.colors import is_color_like
-
-    if not is_color_like(color):
-        raise ValueError(f"Expected 'color' to be a matplotlib colour, got {color!r}")
+    max_width = _check_drawing(ax, title, edge_labels, max_width, color)
     edge_index, alpha, labels = _select(edge_index, alpha, tokens, num_nodes, around, hops)
     check_readable(len(labels), MAX_DRAWN_NODES, "draw_attention")
     g = attention_graph(edge_index, alpha, tokens=labels, head=head)
     edges: list[Edge] = [(j, i, float(d["weight"])) for j, i, d in g.edges(data=True)]
     shown, note = filter_edges(edges, min_weight, top_k, max_edges)
     pos, used = node_layout(g, layout)
-    st = marks.style_for(
-        used, pos, max_width, color, len(shown) <= 16 if edge_labels is None else edge_labels
-    )
+    labelled = len(shown) <= 16 if edge_labels is None else edge_labels
+    st = marks.style_for(used, pos, max_width, color, labelled)
     box = marks.limits(pos, shown, st)
     if ax is None:
         _, ax = plt.subplots(figsize=marks.figure_size(box, st))
     marks.frame(ax, box)
     _draw_graph(ax, g, pos, shown, st)
-    where = "" if around is None else f" around node {around} ({hops} hop{'s' if hops > 1 else ''} in)"
+    where = "" if around is None else f" around node {around} ({hops} in-hop{'s' * (hops > 1)})"
     default = f"attention{where}{_which(alpha, head)}: arrow j → i, width ∝ α"
     ax.set_title(clean(title) if title is not None else default, **PLAIN)
     marks.legend(ax, note, st)
