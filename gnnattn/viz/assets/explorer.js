@@ -199,7 +199,14 @@
       nn.sort(function (a, b) { return a - b; });
     }
     const med = nn.length ? nn[nn.length >> 1] : 40;
-    nodeR0 = Math.max(2, Math.min(16, 0.4 * med));
+    // Up to 16 px, or as wide as the longest label at 10 px needs (at most
+    // 30 px) where the nodes are far enough apart: "river" is read whole.
+    const probe = gCanvas.getContext("2d");
+    probe.font = "10px system-ui, sans-serif";
+    let widest = 0;
+    for (let i = 0; i < Math.min(N, 2000); i++) widest = Math.max(widest, probe.measureText(labels[i]).width);
+    const need = Math.min(30, widest / (2 * 0.84) + 1);
+    nodeR0 = Math.max(2, Math.min(Math.max(16, need), 0.4 * med));
   }
 
   function project() {
@@ -322,8 +329,8 @@
     let fs = Math.min(13, Math.max(8, 0.85 * r));
     ctx.font = fs.toFixed(1) + "px system-ui, sans-serif";
     let w = ctx.measureText(text).width;
-    if (w > room && fs > 8) {
-      fs = Math.max(8, fs * room / w);
+    while (w > room && fs > 8) { // glyphs do not scale exactly: shrink until it fits
+      fs = Math.max(8, 0.97 * fs * room / w);
       ctx.font = fs.toFixed(1) + "px system-ui, sans-serif";
       w = ctx.measureText(text).width;
     }
