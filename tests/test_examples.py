@@ -2,7 +2,9 @@
 stays small enough to read (a page of main(), public API only)."""
 
 import ast
+import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -95,3 +97,19 @@ def test_backends_are_chosen_per_call_never_assigned(name):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
                 assert not (isinstance(t, ast.Attribute) and t.attr == "backend"), node.lineno
+
+
+def test_graph_vs_dense_ticks_are_plain_numbers():
+    # matplotlib's default log ticks read "6x10^0" (issue 17); the example's are numbers.
+    spec = importlib.util.spec_from_file_location("graph_vs_dense", EXAMPLES / "graph_vs_dense.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = [{"T": t, "torch_s": 0.004 * k, **{f"{b}_s": 0.006 * k for b in mod.BACKENDS}}
+            for k, t in enumerate((32, 64, 128), start=1)]  # fmt: skip
+    fig = mod.figure(rows)
+    fig.canvas.draw()
+    texts = [t.get_text() for ax in fig.axes for t in ax.get_xticklabels() + ax.get_yticklabels()]
+    texts += [t.get_text() for t in fig.axes[0].get_yticklabels(minor=True)]
+    shown = [t for t in texts if t]
+    assert {"32", "64", "128"} <= set(shown)
+    assert shown and all(re.fullmatch(r"[0-9.]+", t) for t in shown), shown

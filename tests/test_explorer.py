@@ -185,3 +185,80 @@ def test_bad_input():
         explore(alpha)
     with pytest.raises(ValueError, match="'edge_index'"):
         explore((ei[:, :4] + 5, alpha[:4]), num_nodes=3)
+
+
+def test_option_types_are_checked():
+    ei, alpha = complete_graph(3), torch.full((9, 2), 1 / 3)
+    with pytest.raises(TypeError, match="Expected 'title' to be a str or None, got int"):
+        explore((ei, alpha), title=123)
+    with pytest.raises(TypeError, match="'layer_names'.*int at index 0"):
+        explore((ei, alpha), layer_names=[1])
+    with pytest.raises(TypeError, match="Expected 'layout' to be a str, got int"):
+        explore((ei, alpha), layout=5)
+    with pytest.raises(TypeError, match="'tokens'.*int at index 1"):
+        explore((ei, alpha), tokens=["a", 2, "c"])
+
+
+def test_lone_surrogates_save(tmp_path):
+    ei, alpha = complete_graph(2), torch.full((4,), 0.5)
+    page = explore((ei, alpha), tokens=["a\ud800", "b"], title="t\udc00", layer_names=["\ud83d"])
+    text = page.save(tmp_path / "p.html").read_text(encoding="utf-8")
+    assert "<title>t\ufffd</title>" in text
+    d = payload(page)
+    assert d["labels"] == ["a\ufffd", "b"] and d["layers"][0]["name"] == "\ufffd"
+
+
+def test_node_colours():
+    ei, alpha = complete_graph(4), torch.full((16,), 0.25)
+    d = payload(explore((ei, alpha), node_color=torch.tensor([2, 0, 2, 10])))
+    assert d["groups"] == {"names": ["0", "2", "10"], "of": [1, 0, 1, 2]}
+    d = payload(explore((ei, alpha), node_color=["dog", "cat", "dog", "<b>"]))
+    assert d["groups"] == {"names": ["<b>", "cat", "dog"], "of": [2, 1, 2, 0]}
+    assert payload(explore((ei, alpha)))["groups"] is None
+    with pytest.raises(TypeError, match="'node_color'.*integer tensor"):
+        explore((ei, alpha), node_color=torch.rand(4))
+    with pytest.raises(ValueError, match="one class per node \\(4\\), got 3"):
+        explore((ei, alpha), node_color=[0, 1, 2])
+    with pytest.raises(TypeError, match="only ints or only strings"):
+        explore((ei, alpha), node_color=[0, "a", 1, 2])
+    with pytest.raises(TypeError, match="'node_color'"):
+        explore((ei, alpha), node_color="red")
+
+
+def test_neighbourhood_view_keeps_ids_and_remaps_weights():
+    ei, alpha, scores = random_attention(500, 6)
+    classes = torch.arange(500) % 4
+    page = explore((ei, alpha), scores=scores, around=42, hops=2, node_color=classes)
+    d = payload(page)
+    ids = d["ids"]
+    assert 42 in ids and page.num_nodes == len(ids) == len(d["labels"]) < 500
+    assert d["labels"] == [str(v) for v in ids]  # the original ids, not 0..M-1
+    assert d["groups"]["of"] == [d["groups"]["names"].index(str(v % 4)) for v in ids]
+    lay = d["layers"][0]
+    src = decode(lay["src"], "<u2")
+    dst = np.repeat(np.arange(len(ids)), np.diff(decode(lay["rowptr"], "<i4")))
+    a = decode(lay["alpha"], "<f4").reshape(2, -1)
+    s = decode(lay["scores"], "<f4").reshape(2, -1)
+    kept = set(ids)
+    inside = [e for e in range(ei.shape[1]) if int(ei[0, e]) in kept and int(ei[1, e]) in kept]
+    assert len(src) == len(inside)
+    for k in range(len(src)):
+        j, i = ids[src[k]], ids[dst[k]]
+        e = [e for e in inside if (int(ei[0, e]), int(ei[1, e])) == (j, i)]
+        assert np.float32(alpha[e[0], 1]) in a[1, k : k + len(e)]
+        assert np.float32(scores[e[0], 0]) in s[0, k : k + len(e)]
+    # The centre keeps every incoming edge: its row sums to 1.
+    centre = ids.index(42)
+    assert a[0][dst == centre].sum() == pytest.approx(1.0, abs=1e-5)
+    tokens = [f"t{v}" for v in range(500)]
+    assert payload(explore((ei, alpha), tokens=tokens, around=42))["labels"][centre] == "t42"
+    with pytest.raises(ValueError, match="'around'"):
+        explore((ei, alpha), around=500)
+
+
+def test_matrix_note_above_200_nodes():
+    for n, shown in ((200, True), (201, False)):
+        ei, alpha, _ = random_attention(n, 2)
+        note = payload(explore((ei, alpha), layout="circular"))["matrixNote"]
+        assert (note is None) == shown
+    assert "not drawn above 200 nodes (201 here)" in note and "around=" in note

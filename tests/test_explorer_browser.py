@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from gnnattn import SelfAttentionConv, causal_graph, scatter_softmax
+from gnnattn import SelfAttentionConv, causal_graph, complete_graph, scatter_softmax
 from gnnattn.viz import explore
 
 ARGS = [
@@ -357,3 +357,37 @@ def test_1000_nodes_100k_edges_within_budget(open_page, capsys):
         )
     assert p.load_s < BIG_LOAD_BUDGET_S
     assert max(frames) < BIG_FRAME_BUDGET_MS
+
+
+def test_labels_fit_their_circles(open_page, sample):
+    # The demo's sentence: "river" and "steep" once spilled out of their circles.
+    p = open_page(sample["page"])
+    assert 0 < p.js("gnnattnExplorer.state().labelFit") <= 1.0
+    long = explore((complete_graph(3), torch.full((9,), 1 / 3)), tokens=["river", "W" * 30, "a"])
+    p = open_page(long, "long.html")
+    assert 0 < p.js("gnnattnExplorer.state().labelFit") <= 1.0
+
+
+def test_node_colours_neighbourhood_and_matrix_note(open_page):
+    g = torch.Generator().manual_seed(0)
+    n, deg = 300, 4
+    dst = torch.arange(n).repeat_interleave(deg)
+    ei = torch.stack([torch.randint(0, n, (n * deg,), generator=g), dst])
+    alpha = scatter_softmax(torch.randn(n * deg, generator=g), dst, n)
+    classes = torch.arange(n) % 3
+    p = open_page(explore((ei, alpha), node_color=classes, layout="circular"), "big.html")
+    assert p.js("gnnattnExplorer.state().matrix") is False
+    assert "not drawn above 200 nodes" in p.tab.inner_text("#matrix-note")
+    assert p.tab.locator("#node-legend .group").count() == 3
+    six = explore((complete_graph(6), torch.full((36,), 1 / 6)), node_color=["a", "b", "c"] * 2)
+    p = open_page(six, "six.html")
+    fill = [tuple(p.js(f"gnnattnExplorer.nodeFill({i})")) for i in range(6)]
+    assert fill[0] == fill[3] and fill[1] == fill[4] and len(set(fill)) == 3
+    assert (255, 255, 255) not in fill
+    page = explore((ei, alpha), around=7, hops=1)
+    p = open_page(page, "around.html")
+    assert p.js("gnnattnExplorer.state().matrix") is True
+    # Hovering a node names it by its original id, not its place in the neighbourhood.
+    text = p.hover(p.js("(i) => gnnattnExplorer.nodePoint(i)", page.num_nodes - 1))
+    sources = sorted(set(ei[0, ei[1] == 7].tolist()) | {7})
+    assert f"({sources[-1]})" in text

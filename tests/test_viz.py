@@ -1,5 +1,8 @@
 """gnnattn.viz: exact conversions, DAG drawings, non-empty images, clear errors."""
 
+import io
+import time
+
 import matplotlib
 import matplotlib.pyplot as plt
 import networkx as nx
@@ -7,7 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from gnnattn import SelfAttentionConv, causal_graph, complete_graph, sliding_window_graph, viz
+from gnnattn import (
+    SelfAttentionConv,
+    causal_graph,
+    complete_graph,
+    scatter_softmax,
+    sliding_window_graph,
+    viz,
+)
 
 # Files, not windows: the tests run headless.
 matplotlib.use("Agg")
@@ -135,3 +145,119 @@ def test_bad_input():
         viz.draw_attention(ei, alpha, top_k=0)
     with pytest.raises(ValueError, match="'edge_index'"):
         viz.attention_matrix(ei[:1], alpha)
+
+
+def test_tokens_are_plain_text():
+    # "$\foo$" once crashed savefig and "$x$" was drawn as math (issue 17).
+    ei, alpha = complete_graph(3), torch.full((9,), 1 / 3)
+    toks = ["$\\foo$", "$x$", "a_b^c"]
+    for draw in (viz.draw_attention, viz.draw_heatmap):
+        ax = draw(ei, alpha, tokens=toks, title="costs $\\foo$")
+        ax.figure.savefig(io.BytesIO(), format="png")
+        texts = [t for t in ax.texts if t.get_text() in toks]
+        texts += [t for t in ax.get_xticklabels() if t.get_text() in toks]
+        assert {t.get_text() for t in texts} >= {"$x$"}
+        assert texts and not any(t.get_parse_math() or t.get_usetex() for t in texts)
+        assert ax.title.get_text() == "costs $\\foo$" and not ax.title.get_parse_math()
+
+
+def test_lone_surrogates_are_replaced():
+    ei, alpha = complete_graph(2), torch.full((4,), 0.5)
+    ax = viz.draw_attention(ei, alpha, tokens=["a\ud800", "b"], title="t\udc00")
+    ax.figure.savefig(io.BytesIO(), format="png")
+    assert "a\ufffd" in [t.get_text() for t in ax.texts] and ax.title.get_text() == "t\ufffd"
+
+
+def test_labels_fit_inside_their_circles():
+    ei, alpha = _weights(complete_graph(5))
+    toks = ["river", "steep", "W" * 20, "of", "extraordinarily"]
+    ax = viz.draw_attention(ei, alpha, tokens=toks)
+    fig = ax.figure
+    fig.canvas.draw()
+    circles = [p for p in ax.patches if type(p).__name__ == "Circle" and p.get_fill()]
+    texts = [t for t in ax.texts if t.get_position() in {c.center for c in circles}]
+    assert len(circles) == len(texts) == 5
+    r = circles[0].radius
+    diameter = ax.transData.transform((2 * r, 0))[0] - ax.transData.transform((0, 0))[0]
+    widths = [t.get_window_extent(fig.canvas.get_renderer()).width for t in texts]
+    assert max(widths) <= diameter
+    assert [t.get_text() for t in texts][:2] == ["river", "steep"]  # shrunk, not cut
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "err", "match"),
+    [
+        ({"title": 123}, TypeError, "Expected 'title' to be a str or None, got int"),
+        ({"ax": "left"}, TypeError, "'ax'"),
+        ({"color": "no-such-colour"}, ValueError, "'color'"),
+        ({"min_weight": "0.1"}, TypeError, "'min_weight'"),
+        ({"min_weight": -1.0}, ValueError, "'min_weight'"),
+        ({"edge_labels": "yes"}, TypeError, "'edge_labels'"),
+        ({"max_width": float("nan")}, ValueError, "'max_width'"),
+        ({"max_edges": 0}, ValueError, "'max_edges'"),
+        ({"tokens": [1, 2, 3]}, TypeError, "'tokens'.*int at index 0"),
+        ({"around": 7}, ValueError, "'around'"),
+        ({"around": 0, "hops": 0}, ValueError, "'hops'"),
+    ],
+)
+def test_drawing_argument_errors(kwargs, err, match):
+    with pytest.raises(err, match=match):
+        viz.draw_attention(complete_graph(3), torch.full((9,), 1 / 3), **kwargs)
+
+
+def test_heatmap_argument_errors():
+    ei, alpha = complete_graph(3), torch.full((9,), 1 / 3)
+    with pytest.raises(TypeError, match="'annotate'"):
+        viz.draw_heatmap(ei, alpha, annotate="yes")
+    with pytest.raises(TypeError, match="'title'"):
+        viz.draw_heatmap(ei, alpha, title=["a"])
+
+
+def _knn(n=1797, k=10):
+    g = torch.Generator().manual_seed(0)
+    dst = torch.arange(n).repeat_interleave(k)
+    src = torch.randint(0, n, (n * k,), generator=g)
+    alpha = scatter_softmax(torch.randn(n * k, 2, generator=g), dst, n)
+    return torch.stack([src, dst]), alpha
+
+
+def test_large_graphs_are_refused_at_once_with_a_way_out():
+    ei, alpha = _knn()
+    for draw in (viz.draw_attention, viz.draw_heatmap, viz.draw_side_by_side):
+        t = time.perf_counter()
+        with pytest.raises(
+            ValueError, match="got 1,797: draw one node's neighbourhood with around="
+        ):
+            draw(ei, alpha)
+        assert time.perf_counter() - t < 2.0  # was 12.7 s for draw_attention
+    sub = viz.neighbourhood(ei, 5, hops=2)
+    assert len(sub.nodes) > viz.limits.MAX_DRAWN_NODES  # a 2-hop view is too big as well
+    viz.draw_heatmap(ei, alpha, around=5, hops=1)
+
+
+def test_neighbourhood_keeps_ids_and_weights():
+    ei, alpha = _knn()
+    ax = viz.draw_attention(ei, alpha, around=5, hops=1, head=1)
+    nb = viz.neighbourhood(ei, 5, hops=1)
+    g = ax.graph
+    ids = nb.nodes.tolist()
+    assert [g.nodes[k]["label"] for k in g.nodes] == [str(v) for v in ids] and 5 in ids
+    assert set(ids) == set(ei[0, ei[1] == 5].tolist()) | {5}
+    for j, i, d in g.edges(data=True):
+        orig = ((ei[0] == ids[j]) & (ei[1] == ids[i])).nonzero().view(-1)
+        assert d["weight"] == pytest.approx(float(alpha[orig, 1].sum()))
+    # Every incoming edge of the centre is kept: its row still sums to 1.
+    assert sum(d["weight"] for _, _, d in g.in_edges(ids.index(5), data=True)) == pytest.approx(1)
+    toks = [f"w{v}" for v in range(1797)]
+    ax = viz.draw_attention(ei, alpha, tokens=toks, around=5, hops=1)
+    assert ax.graph.nodes[ids.index(5)]["label"] == "w5"
+
+
+def test_many_edges_are_cut_with_a_note():
+    n = 40
+    ei, alpha = complete_graph(n), torch.full((n * n,), 1 / n)
+    ax = viz.draw_attention(ei, alpha)
+    note = " ".join(ax.get_legend().get_title().get_text().split())
+    assert "480 of 1600 edges shown" in note and "top 12 per target (max_edges=500)" in note
+    full = viz.draw_attention(ei, alpha, max_edges=2000, edge_labels=False)
+    assert "1600 of 1600" in full.get_legend().get_title().get_text()

@@ -19,7 +19,13 @@ that exist.
 - :mod:`gnnattn.viz.draw`: static matplotlib drawings (graph, matrix, both);
   matplotlib is the ``viz`` extra, imported only when a drawing is made.
 - :mod:`gnnattn.viz.explorer`: :func:`explore`, one self-contained HTML page
-  with the graph and the matrix linked.
+  with the graph and the matrix linked (its inputs are checked in
+  :mod:`gnnattn.viz.inputs`, its node colours in :mod:`gnnattn.viz.groups`).
+- :mod:`gnnattn.viz.neighbourhood`: one node's neighbourhood of a graph too
+  large to read (``around=node, hops=2`` everywhere); :mod:`gnnattn.viz.limits`
+  says what is too large.
+- :mod:`gnnattn.viz.marks` draws the nodes, arrows and legend of a graph;
+  :mod:`gnnattn.viz.text` keeps a user's strings plain text, safe to write.
 - :func:`softmax_steps` (the "subtract the max" table of one target) is a
   computation and lives in :mod:`gnnattn.softmax`; it is re-exported here.
 """
@@ -34,6 +40,7 @@ from .convert import (
 )
 from .draw import draw_attention, draw_attention_heads, draw_heatmap, draw_side_by_side
 from .explorer import AttentionExplorer, explore
+from .neighbourhood import Neighbourhood, neighbourhood
 
 __all__ = [
     "AttentionExplorer",
@@ -46,6 +53,8 @@ __all__ = [
     "draw_side_by_side",
     "explore",
     "matrix_to_attention",
+    "Neighbourhood",
+    "neighbourhood",
     "softmax_steps",
     "to_bertviz",
     "top_k_per_target",

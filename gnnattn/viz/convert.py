@@ -15,8 +15,9 @@ import networkx as nx
 import torch
 from torch import Tensor
 
-from ..checks import check_int
+from ..checks import check_float, check_int
 from ..graphs import check_edge_index, mask_to_edge_index
+from .text import check_labels, clean
 
 __all__ = [
     "attention_graph",
@@ -67,8 +68,8 @@ def check_attention(
         )
     if not alpha.is_floating_point():
         raise TypeError(f"Expected 'alpha' of a floating dtype, got {alpha.dtype}")
-    if tokens is not None and isinstance(tokens, str):
-        raise TypeError("Expected 'tokens' to be a list of strings, got one str (use .split())")
+    if tokens is not None:
+        check_labels(tokens, "tokens")
     n = num_nodes_of(edge_index, num_nodes, tokens)
     check_edge_index(edge_index, max(n, 1) if edge_index.numel() == 0 else n)
     return edge_index.long(), alpha.detach(), n
@@ -86,8 +87,8 @@ def head_weights(alpha: Tensor, head: int | None) -> Tensor:
 
 
 def labels_of(n: int, tokens: Any) -> list[str]:
-    """One label per node: the tokens as strings, or the node ids."""
-    return [str(t) for t in tokens] if tokens is not None else [str(i) for i in range(n)]
+    """One label per node: the tokens (cleaned, see :func:`~gnnattn.viz.text.clean`), or the ids."""
+    return [clean(t) for t in tokens] if tokens is not None else [str(i) for i in range(n)]
 
 
 # ------------------------------------------------------------------ conversion
@@ -288,24 +289,46 @@ def top_k_per_target(edge_index: Tensor, weights: Tensor, k: int) -> Tensor:
     return keep.to(edge_index.device)
 
 
-def filter_edges(edges: list[Edge], min_weight: float, top_k: int | None) -> tuple[list[Edge], str]:
-    """The edges ``(j, i, weight)`` to draw and a legend line saying what was hidden."""
+def _top_per_target(edges: list[Edge], k: int) -> list[Edge]:
+    by_target: dict[int, list[Edge]] = {}
+    for e in edges:
+        by_target.setdefault(e[1], []).append(e)
+    top = []
+    for es in by_target.values():
+        top.extend(sorted(es, key=lambda e: -e[2])[:k])
+    return top
+
+
+def filter_edges(
+    edges: list[Edge], min_weight: float, top_k: int | None, max_edges: int | None = None
+) -> tuple[list[Edge], str]:
+    """The edges ``(j, i, weight)`` to draw and a legend line saying what was hidden.
+
+    After ``min_weight`` and ``top_k``, more than ``max_edges`` edges are cut
+    to the ``k`` heaviest incoming edges of each target, the largest ``k``
+    that fits (at least 1).
+    """
     check_int(top_k, "top_k", min=1, optional=True)
-    if not min_weight >= 0:
-        raise ValueError(f"Expected 'min_weight' >= 0, got {min_weight!r}")
+    check_int(max_edges, "max_edges", min=1, optional=True)
+    min_weight = check_float(min_weight, "min_weight", lo=0.0)
     kept = [e for e in edges if e[2] >= min_weight]
     notes = []
     if len(kept) < len(edges):
         notes.append(f"{len(edges) - len(kept)} with weight < {min_weight:g}")
     if top_k is not None:
-        by_target: dict[int, list[Edge]] = {}
-        for e in kept:
-            by_target.setdefault(e[1], []).append(e)
-        top = []
-        for es in by_target.values():
-            top.extend(sorted(es, key=lambda e: -e[2])[:top_k])
+        top = _top_per_target(kept, top_k)
         if len(top) < len(kept):
             notes.append(f"{len(kept) - len(top)} outside the top {top_k} per target")
+        kept = top
+    if max_edges is not None and len(kept) > max_edges:
+        deg = torch.bincount(torch.tensor([e[1] for e in kept]))
+        k = 1
+        while k < int(deg.max()) and int(deg.clamp(max=k + 1).sum()) <= max_edges:
+            k += 1
+        top = _top_per_target(kept, k)
+        notes.append(
+            f"{len(kept) - len(top)} outside the top {k} per target (max_edges={max_edges})"
+        )
         kept = top
     shown = f"{len(kept)} of {len(edges)} edges shown"
     return kept, shown + ("; hidden: " + ", ".join(notes) if notes else "")

@@ -1,9 +1,17 @@
 """Drawing: the attention weights as a graph of arrows and as a matrix, with matplotlib.
 
 Values are drawn exactly as given: nothing is min-max normalized and nothing is
-dropped unless a filter (``min_weight`` / ``top_k``) asks for it, and then the
-drawing's legend says what was hidden. Edge width is ``max_width * alpha`` and
-opacity ``alpha``, so two drawings compare.
+dropped unless a filter (``min_weight`` / ``top_k``, or ``max_edges`` when a
+drawing would hold more than 500 arrows) asks for it, and then the drawing's
+legend says what was hidden. Edge width is ``max_width * alpha`` and opacity
+``alpha``, so two drawings compare.
+
+Tokens and titles are drawn as plain text: ``"$x$"`` is those three
+characters, never matplotlib math. Graphs too large to read are refused at
+once with a ``ValueError`` that says how to look at them instead (more than
+100 nodes for a graph drawing, 200 for a matrix; see
+:mod:`gnnattn.viz.limits`): every function takes ``around=node, hops=2`` to
+draw one node's neighbourhood, labelled with the original node ids.
 
 matplotlib is the ``viz`` extra (``pip install 'gnnattn[viz]'``); it is
 imported only when a drawing function is called.
@@ -12,13 +20,14 @@ imported only when a drawing function is called.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..checks import check_int
+from ..checks import check_float, check_int
+from . import marks
 from .convert import (
     Edge,
     attention_graph,
@@ -29,6 +38,9 @@ from .convert import (
     labels_of,
 )
 from .layout import layout as node_layout
+from .limits import MAX_DRAWN_EDGES, MAX_DRAWN_NODES, MAX_MATRIX_NODES, check_readable
+from .neighbourhood import neighbourhood
+from .text import PLAIN, check_str, clean
 
 __all__ = ["draw_attention", "draw_attention_heads", "draw_heatmap", "draw_side_by_side"]
 
@@ -50,251 +62,139 @@ def _which(alpha: Tensor, head: int | None) -> str:
     return " (mean over heads)" if head is None else f" (head {head})"
 
 
-def _label_size(label: str) -> float:
-    # Node circles have a fixed size: long tokens get a smaller font to fit.
-    return 9.0 if len(label) <= 3 else max(6.0, 30.0 / len(label))
+def _check_look(ax: Any, title: Any, **flags: Any) -> None:
+    """Type checks of the arguments that only change how a drawing looks."""
+    from matplotlib.axes import Axes
+
+    if ax is not None and not isinstance(ax, Axes):
+        raise TypeError(f"Expected 'ax' to be a matplotlib Axes or None, got {type(ax).__name__}")
+    check_str(title, "title", optional=True)
+    for name, value in flags.items():
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"Expected '{name}' to be a bool or None, got {type(value).__name__}")
 
 
-def _wrap_note(note: str, width: int = 48) -> str:
-    """The filter note on short lines, broken between its items, never inside one."""
-    lines = []
-    for line in note.split("; "):
-        lines.append(line if len(line) <= width else line.replace(", ", ",\n"))
-    return "\n".join(lines)
+def _check_drawing(ax: Any, title: Any, edge_labels: Any, max_width: Any, color: Any) -> float:
+    """The checks of :func:`draw_attention`'s looks; returns ``max_width`` as a float."""
+    from matplotlib.colors import is_color_like
+
+    _check_look(ax, title, edge_labels=edge_labels)
+    if not is_color_like(color):
+        raise ValueError(f"Expected 'color' to be a matplotlib colour, got {color!r}")
+    return check_float(max_width, "max_width", lo=0.0)
 
 
-def _curve_mid(p0: Point, p1: Point, rad: float) -> Point:
-    # The midpoint of matplotlib's arc3 quadratic Bezier, for the edge label.
-    mx, my = (p0[0] + p1[0]) / 2, (p0[1] + p1[1]) / 2
-    dx, dy = p1[0] - p0[0], p1[1] - p0[1]
-    cx, cy = mx + rad * dy, my - rad * dx
-    return 0.25 * p0[0] + 0.5 * cx + 0.25 * p1[0], 0.25 * p0[1] + 0.5 * cy + 0.25 * p1[1]
+def _select(
+    edge_index: Tensor,
+    alpha: Tensor,
+    tokens: Any,
+    num_nodes: int | None,
+    around: int | None,
+    hops: int,
+) -> tuple[Tensor, Tensor, list[str]]:
+    """The edges, weights and labels to draw: the whole graph, or the neighbourhood ``around``.
+
+    In a neighbourhood the labels are the tokens or the original node ids.
+    """
+    edge_index, alpha, n = check_attention(edge_index, alpha, num_nodes, tokens)
+    labels = labels_of(n, tokens)
+    if around is None:
+        return edge_index, alpha, labels
+    nb = neighbourhood(edge_index, around, hops, n)
+    edge_index, alpha = nb.edges(edge_index, alpha)
+    return edge_index, alpha, nb.rows(labels)
 
 
-@dataclass
-class _Style:
-    """How one graph drawing looks: what :func:`draw_attention` decides once."""
-
-    layout: str
-    node_r: float
-    rad: float  # arc bend: j -> i and i -> j part ways, long layered edges bow
-    max_width: float
-    color: str
-    labels: bool
-    centre: Point
-
-    def width(self, w: float) -> float:
-        return max(self.max_width * w, 0.3)
-
-    def opacity(self, w: float) -> float:
-        # Floored so that small weights stay visible; never renormalized.
-        return min(max(w, 0.08), 1.0)
-
-
-def _weight_label(ax: Any, xy: Point, w: float, boxed: bool) -> None:
-    box = {"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.7}
-    ax.text(
-        *xy,
-        f"{w:.2f}",
-        ha="center",
-        va="center",
-        fontsize=7,
-        zorder=4,
-        **({"bbox": box} if boxed else {}),
-    )
-
-
-def _draw_loop(ax: Any, at: Point, w: float, st: _Style) -> None:
-    """Self-attention alpha_ii: a loop just outside the node, away from the centre."""
-    from matplotlib.patches import Circle
-
-    x, y = at
-    dx, dy = x - st.centre[0], y - st.centre[1]
-    norm = math.hypot(dx, dy)
-    dx, dy = (dx / norm, dy / norm) if norm > 1e-9 else (0.0, 1.0)
-    if st.layout == "layered":
-        dx, dy = 0.0, -1.0  # below the row: the arcs bow above it
-    lr = st.node_r * 0.8
-    c = (x + dx * (st.node_r + lr * 0.7), y + dy * (st.node_r + lr * 0.7))
-    lw, op = st.width(w), st.opacity(w)
-    ax.add_patch(Circle(c, lr, fill=False, lw=lw, ec=st.color, alpha=op, zorder=1))
-    if st.labels:
-        _weight_label(ax, (c[0] + dx * lr * 2.0, c[1] + dy * lr * 2.0), w, boxed=False)
-
-
-def _draw_arrow(ax: Any, p0: Point, p1: Point, w: float, st: _Style) -> None:
-    """Edge j -> i: an arc from the source to the target, width and opacity from alpha."""
-    from matplotlib.patches import FancyArrowPatch
-
-    lw = st.width(w)
-    arrow = FancyArrowPatch(
-        p0,
-        p1,
-        connectionstyle=f"arc3,rad={st.rad}",
-        arrowstyle="-|>",
-        mutation_scale=8 + 2 * lw,
-        lw=lw,
-        color=st.color,
-        alpha=st.opacity(w),
-        shrinkA=14,
-        shrinkB=14,
-        zorder=1,
-    )
-    ax.add_patch(arrow)
-    if st.labels:
-        _weight_label(ax, _curve_mid(p0, p1, st.rad), w, boxed=True)
-
-
-def _draw_nodes(ax: Any, pos: dict[int, Point], labels: dict[int, str], node_r: float) -> None:
-    from matplotlib.patches import Circle
-
-    for v, (x, y) in pos.items():
-        ax.add_patch(Circle((x, y), node_r, fc="white", ec="black", lw=1.2, zorder=2))
-        ax.text(
-            x, y, labels[v], ha="center", va="center", fontsize=_label_size(labels[v]), zorder=3
-        )
-
-
-def _frame(ax: Any, pos: dict[int, Point], used: str) -> None:
-    """Axis limits around the nodes (room above a layered row for its arcs), no axes."""
-    xs = [p[0] for p in pos.values()] or [0.0]
-    ys = [p[1] for p in pos.values()] or [0.0]
-    pad = 0.6
-    ax.set_xlim(min(xs) - pad, max(xs) + pad)
-    ax.set_ylim(
-        min(ys) - pad - (0.5 if used == "layered" else 0),
-        max(ys) + pad + (0.3 * (max(xs) - min(xs)) if used == "layered" else 0),
-    )
-    ax.set_aspect("equal")
-    ax.axis("off")
-
-
-def _legend(ax: Any, note: str, st: _Style) -> None:
-    """The real width scale (two sample weights) and, as its title, what was hidden."""
-    from matplotlib.lines import Line2D
-
-    handles = [
-        Line2D([], [], color=st.color, lw=st.max_width * 0.5, alpha=0.5, label="α = 0.5"),
-        Line2D([], [], color=st.color, lw=st.max_width * 0.1, alpha=0.1, label="α = 0.1"),
-    ]
-    # The filter note is the legend's title, wrapped, so that it fits under
-    # the narrow axes of a per-head grid instead of running into the next one.
-    legend = ax.legend(
-        handles=handles,
-        title=_wrap_note(note),
-        title_fontsize=7,
-        loc="upper center",
-        bbox_to_anchor=(0.5, 0.0),
-        ncol=2,
-        fontsize=7,
-        frameon=False,
-    )
-    legend.get_title().set_multialignment("center")
-
-
-def _style_for(
-    used: str, pos: dict[Any, Any], max_width: float, color: Any, labels: bool
-) -> _Style:
-    """How edges are drawn in layout ``used``."""
-    xs = [p[0] for p in pos.values()] or [0.0]
-    ys = [p[1] for p in pos.values()] or [0.0]
-    return _Style(
-        layout=used,
-        node_r=0.12 if used != "layered" else 0.16,
-        # Arcs, not straight lines: j -> i and i -> j then part ways, and in
-        # the layered layout long edges bow over the tokens between them.
-        rad=0.12 if used == "circular" else (-0.45 if used == "layered" else 0.15),
-        max_width=max_width,
-        color=color,
-        labels=labels,
-        centre=(sum(xs) / len(xs), sum(ys) / len(ys)),
-    )
+def _draw_graph(ax: Any, g: Any, pos: dict[int, Point], shown: list[Edge], st: Any) -> None:
+    """Arrows, loops and nodes, with arrows and labels sized to the axes as laid out."""
+    st.node_pt = st.node_r * marks.points_per_unit(ax)
+    for j, i, w in shown:
+        if i == j:
+            marks.draw_loop(ax, pos[i], w, st)
+        else:
+            marks.draw_arrow(ax, pos[j], pos[i], w, st)
+    marks.draw_nodes(ax, pos, {v: g.nodes[v]["label"] for v in pos}, st)
 
 
 def draw_attention(
     edge_index: Tensor,
     alpha: Tensor,
     *,
-    tokens: list[str] | None = None,
+    tokens: Sequence[str] | None = None,
     head: int | None = None,
     num_nodes: int | None = None,
+    around: int | None = None,
+    hops: int = 2,
     min_weight: float = 0.0,
     top_k: int | None = None,
+    max_edges: int = MAX_DRAWN_EDGES,
     layout: str = "auto",
     edge_labels: bool | None = None,
     max_width: float = 8.0,
-    color: str = "tab:blue",
+    color: Any = "tab:blue",
     ax: Any = None,
     title: str | None = None,
 ) -> Any:
     r"""Draw the weights as a graph: arrows :math:`j \to i`, width and opacity ∝ weight.
 
-    Arrows point the way messages flow (from the source token to the target
-    that reads it); a loop on a node is its self-attention weight
-    :math:`\alpha_{ii}`. Width is ``max_width * weight`` and opacity the weight
-    itself (floored at 0.08 so small edges stay visible), with no
-    normalization, so two drawings compare. The layout is circular for a
-    complete graph, layered left to right for a DAG (causal attention, where
-    every arrow points right), spring otherwise.
+    A loop is :math:`\alpha_{ii}`; width ``max_width * weight``, opacity the
+    weight (at least 0.08), never rescaled. Layout: circular (complete graph),
+    layered (DAG), else spring. Labels are plain text, fitted to their circle.
+    More than 100 nodes: a ``ValueError`` at once (draw ``around`` a node);
+    more than ``max_edges`` edges: cut to the top k per target that fit, as
+    the legend says (see :mod:`gnnattn.viz.limits`).
 
     Args:
         edge_index (Tensor): ``[2, E]``.
         alpha (Tensor): ``[E, H]`` or ``[E]``.
-        tokens (list of str, optional): node labels. (default: :obj:`None`, indices)
+        tokens (list of str, optional): node labels. (default: :obj:`None`, the ids)
         head (int, optional): which head. (default: :obj:`None`, the mean over heads)
         num_nodes (int, optional): :math:`N`. (default: :obj:`None`)
-        min_weight (float, optional): hide edges below this weight.
-            (default: ``0.0``)
-        top_k (int, optional): keep only the ``top_k`` heaviest incoming edges
-            of each target. (default: :obj:`None`)
+        around (int, optional): only this node's ``hops``-hop in-neighbourhood,
+            labelled by original id or token. (default: :obj:`None`)
+        hops (int, optional): the neighbourhood's depth. (default: ``2``)
+        min_weight (float, optional): hide lighter edges. (default: ``0.0``)
+        top_k (int, optional): keep each target's ``top_k`` heaviest. (default: :obj:`None`)
+        max_edges (int, optional): most edges drawn. (default: ``500``)
         layout (str, optional): ``"auto"``, ``"circular"``, ``"layered"`` or
             ``"spring"``. (default: ``"auto"``)
         edge_labels (bool, optional): print each weight on its edge.
             (default: :obj:`None`, when at most 16 edges are shown)
-        max_width (float, optional): line width of a weight-1 edge, in points.
-            (default: ``8.0``)
-        color (str, optional): edge colour. (default: ``"tab:blue"``)
-        ax (matplotlib.axes.Axes, optional): where to draw. (default: :obj:`None`, a new figure)
+        max_width (float, optional): points of a weight-1 edge. (default: ``8.0``)
+        color (optional): edge colour, any matplotlib colour. (default: ``"tab:blue"``)
+        ax (matplotlib.axes.Axes, optional): where to draw. (default: :obj:`None`)
         title (str, optional): axes title. (default: :obj:`None`, one naming the head)
 
-    Shapes:
-        - **edge_index:** ``[2, E]``; **alpha:** ``[E, H]`` or ``[E]``
-
     Returns:
-        matplotlib.axes.Axes: the axes; ``ax.graph`` is the drawn
-        :class:`networkx.DiGraph` (every edge, filters aside) and
-        ``ax.layout_name`` the layout used.
+        matplotlib.axes.Axes: ``ax.graph`` is the :class:`networkx.DiGraph`
+        drawn, ``ax.layout_name`` the layout used.
 
     Example:
         >>> import matplotlib; matplotlib.use("Agg")
-        >>> ax = draw_attention(causal_graph(3), torch.rand(6), tokens=["a", "b", "c"])
-        >>> ax.layout_name
-        'layered'
+        >>> ax = draw_attention(causal_graph(3), torch.rand(6), tokens=["a", "$x$", "c"])
+        >>> ax.layout_name, ax.texts[-2].get_text()
+        ('layered', '$x$')
     """
     plt = _pyplot()
-    g = attention_graph(edge_index, alpha, tokens=tokens, head=head, num_nodes=num_nodes)
-    pos, used = node_layout(g, layout)
-    if ax is None:
-        n = g.number_of_nodes()
-        size = (max(5.0, 0.9 * n + 2), 3.6) if used == "layered" else (5.5, 5.5)
-        _, ax = plt.subplots(figsize=size)
+    max_width = _check_drawing(ax, title, edge_labels, max_width, color)
+    edge_index, alpha, labels = _select(edge_index, alpha, tokens, num_nodes, around, hops)
+    check_readable(len(labels), MAX_DRAWN_NODES, "draw_attention")
+    g = attention_graph(edge_index, alpha, tokens=labels, head=head)
     edges: list[Edge] = [(j, i, float(d["weight"])) for j, i, d in g.edges(data=True)]
-    shown, note = filter_edges(edges, min_weight, top_k)
-    st = _style_for(
-        used, pos, max_width, color, len(shown) <= 16 if edge_labels is None else edge_labels
-    )
-    for j, i, w in shown:
-        if i == j:
-            _draw_loop(ax, pos[i], w, st)
-        else:
-            _draw_arrow(ax, pos[j], pos[i], w, st)
-    _draw_nodes(ax, pos, {v: g.nodes[v]["label"] for v in pos}, st.node_r)
-    _frame(ax, pos, used)
-    which = _which(alpha, head)
-    ax.set_title(title if title is not None else f"attention{which}: arrow j → i, width ∝ α")
-    _legend(ax, note, st)
-    ax.graph = g
-    ax.layout_name = used
+    shown, note = filter_edges(edges, min_weight, top_k, max_edges)
+    pos, used = node_layout(g, layout)
+    labelled = len(shown) <= 16 if edge_labels is None else edge_labels
+    st = marks.style_for(used, pos, max_width, color, labelled)
+    box = marks.limits(pos, shown, st)
+    if ax is None:
+        _, ax = plt.subplots(figsize=marks.figure_size(box, st))
+    marks.frame(ax, box)
+    _draw_graph(ax, g, pos, shown, st)
+    where = "" if around is None else f" around node {around} ({hops} in-hop{'s' * (hops > 1)})"
+    default = f"attention{where}{_which(alpha, head)}: arrow j → i, width ∝ α"
+    ax.set_title(clean(title) if title is not None else default, **PLAIN)
+    marks.legend(ax, note, st)
+    ax.graph, ax.layout_name = g, used
     return ax
 
 
@@ -302,8 +202,10 @@ def draw_attention_heads(
     edge_index: Tensor,
     alpha: Tensor,
     *,
-    tokens: list[str] | None = None,
+    tokens: Sequence[str] | None = None,
     num_nodes: int | None = None,
+    around: int | None = None,
+    hops: int = 2,
     ncols: int | None = None,
     **kwargs: Any,
 ) -> Any:
@@ -314,6 +216,8 @@ def draw_attention_heads(
         alpha (Tensor): ``[E, H]``.
         tokens (list of str, optional): node labels. (default: :obj:`None`)
         num_nodes (int, optional): :math:`N`. (default: :obj:`None`)
+        around (int, optional): draw only this node's neighbourhood. (default: :obj:`None`)
+        hops (int, optional): the neighbourhood's depth. (default: ``2``)
         ncols (int, optional): grid columns. (default: :obj:`None`, up to 4)
         **kwargs: passed to :func:`draw_attention` (``min_weight``, ``top_k``, ...).
 
@@ -326,26 +230,21 @@ def draw_attention_heads(
         2
     """
     plt = _pyplot()
-    edge_index, alpha, n = check_attention(edge_index, alpha, num_nodes, tokens)
+    edge_index, alpha, labels = _select(edge_index, alpha, tokens, num_nodes, around, hops)
+    check_readable(len(labels), MAX_DRAWN_NODES, "draw_attention_heads")
     h = alpha.shape[1]
     ncols = min(h, 4) if ncols is None else ncols
     check_int(ncols, "ncols", min=1)
     nrows = math.ceil(h / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.5 * ncols, 4.5 * nrows), squeeze=False)
+    title = kwargs.pop("title", None)
     for k in range(nrows * ncols):
         ax = axes[k // ncols][k % ncols]
         if k >= h:
             ax.remove()
             continue
         draw_attention(
-            edge_index,
-            alpha,
-            tokens=tokens,
-            head=k,
-            num_nodes=n,
-            ax=ax,
-            title=f"head {k}",
-            **kwargs,
+            edge_index, alpha, tokens=labels, head=k, ax=ax, title=title or f"head {k}", **kwargs
         )
     fig.tight_layout()
     return fig
@@ -355,18 +254,22 @@ def draw_heatmap(
     edge_index: Tensor,
     alpha: Tensor,
     *,
-    tokens: list[str] | None = None,
+    tokens: Sequence[str] | None = None,
     head: int | None = None,
     num_nodes: int | None = None,
+    around: int | None = None,
+    hops: int = 2,
     annotate: bool | None = None,
-    cmap: str = "Blues",
+    cmap: Any = "Blues",
     ax: Any = None,
     title: str | None = None,
 ) -> Any:
     r"""The same weights as a matrix: row :math:`i` (target, query), column :math:`j` (source, key).
 
-    Cells without an edge are grey, so a missing edge is not mistaken
-    for a weight of 0. The colour scale is fixed to [0, 1].
+    Cells without an edge are grey, so a missing edge is not mistaken for a
+    weight of 0. The colour scale is fixed to [0, 1]. Rows and columns are
+    labelled (plain text) up to 64 nodes; more than 200 nodes are refused at
+    once with a ``ValueError`` (draw ``around`` a node instead).
 
     Args:
         edge_index (Tensor): ``[2, E]``.
@@ -374,8 +277,10 @@ def draw_heatmap(
         tokens (list of str, optional): row and column labels. (default: :obj:`None`)
         head (int, optional): which head. (default: :obj:`None`, the mean over heads)
         num_nodes (int, optional): :math:`N`. (default: :obj:`None`)
+        around (int, optional): only this node's neighbourhood. (default: :obj:`None`)
+        hops (int, optional): the neighbourhood's depth. (default: ``2``)
         annotate (bool, optional): print every weight. (default: :obj:`None`, when N <= 12)
-        cmap (str, optional): matplotlib colour map. (default: ``"Blues"``)
+        cmap (str or Colormap, optional): the colour map. (default: ``"Blues"``)
         ax (matplotlib.axes.Axes, optional): where to draw. (default: :obj:`None`)
         title (str, optional): axes title. (default: :obj:`None`)
 
@@ -389,48 +294,55 @@ def draw_heatmap(
         'source j (key)'
     """
     plt = _pyplot()
-    edge_index, alpha, n = check_attention(edge_index, alpha, num_nodes, tokens)
+    _check_look(ax, title, annotate=annotate)
+    edge_index, alpha, labels = _select(edge_index, alpha, tokens, num_nodes, around, hops)
+    n = len(labels)
+    check_readable(n, MAX_MATRIX_NODES, "draw_heatmap")
     w = head_weights(alpha, head).unsqueeze(-1)
     mat = attention_matrix(edge_index, w, n)[0].float()
     exists = attention_matrix(edge_index, torch.ones_like(w), n)[0] > 0
     if ax is None:
-        side = max(3.5, 0.5 * n + 2)
+        side = min(12.0, max(3.5, 0.5 * n + 2))
         _, ax = plt.subplots(figsize=(side + 1, side))
-    shown = mat.masked_fill(~exists, float("nan")).numpy()
     ax.set_facecolor("#dddddd")
-    im = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=1.0)
-    labels = labels_of(n, tokens)
-    ax.set_xticks(range(n), labels, rotation=45 if n > 4 else 0, ha="right" if n > 4 else "center")
-    ax.set_yticks(range(n), labels)
-    ax.set_xlabel("source j (key)")
-    ax.set_ylabel("target i (query)")
+    im = ax.imshow(mat.masked_fill(~exists, float("nan")).numpy(), cmap=cmap, vmin=0.0, vmax=1.0)
+    _matrix_labels(ax, labels)
     if annotate if annotate is not None else n <= 12:
-        for i in range(n):
-            for j in range(n):
-                if exists[i, j]:
-                    v = float(mat[i, j])
-                    ax.text(
-                        j,
-                        i,
-                        f"{v:.2f}",
-                        ha="center",
-                        va="center",
-                        fontsize=8,
-                        color="white" if v > 0.6 else "black",
-                    )
+        for i, j in exists.nonzero().tolist():
+            v = float(mat[i, j])
+            colour = "white" if v > 0.6 else "black"
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8, color=colour)
     which = _which(alpha, head)
-    ax.set_title(title if title is not None else f"attention matrix{which}: rows sum to 1")
+    ax.set_title(clean(title) if title is not None else f"attention matrix{which}: rows sum to 1",
+                 **PLAIN)  # fmt: skip
     ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="α")
     return ax
+
+
+def _matrix_labels(ax: Any, labels: list[str]) -> None:
+    """Row and column labels (plain text) while they can be read, up to 64; else none."""
+    n = len(labels)
+    ax.set_xlabel("source j (key)")
+    ax.set_ylabel("target i (query)")
+    if n > 64:
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return
+    size = 10.0 if n <= 24 else 7.0
+    slant = {"rotation": 45, "ha": "right"} if n > 4 else {}
+    ax.set_xticks(range(n), labels, fontsize=size, **slant, **PLAIN)
+    ax.set_yticks(range(n), labels, fontsize=size, **PLAIN)
 
 
 def draw_side_by_side(
     edge_index: Tensor,
     alpha: Tensor,
     *,
-    tokens: list[str] | None = None,
+    tokens: Sequence[str] | None = None,
     head: int | None = None,
     num_nodes: int | None = None,
+    around: int | None = None,
+    hops: int = 2,
     **kwargs: Any,
 ) -> Any:
     """The graph and the matrix of one computation next to each other, same numbers.
@@ -441,6 +353,8 @@ def draw_side_by_side(
         tokens (list of str, optional): labels. (default: :obj:`None`)
         head (int, optional): which head. (default: :obj:`None`, the mean)
         num_nodes (int, optional): :math:`N`. (default: :obj:`None`)
+        around (int, optional): only this node's neighbourhood. (default: :obj:`None`)
+        hops (int, optional): the neighbourhood's depth. (default: ``2``)
         **kwargs: passed to :func:`draw_attention`.
 
     Returns:
@@ -452,9 +366,10 @@ def draw_side_by_side(
         3
     """
     plt = _pyplot()
-    edge_index, alpha, n = check_attention(edge_index, alpha, num_nodes, tokens)
+    edge_index, alpha, labels = _select(edge_index, alpha, tokens, num_nodes, around, hops)
+    check_readable(len(labels), MAX_DRAWN_NODES, "draw_side_by_side")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5.5))
-    draw_attention(edge_index, alpha, tokens=tokens, head=head, num_nodes=n, ax=a1, **kwargs)
-    draw_heatmap(edge_index, alpha, tokens=tokens, head=head, num_nodes=n, ax=a2)
+    draw_attention(edge_index, alpha, tokens=labels, head=head, ax=a1, **kwargs)
+    draw_heatmap(edge_index, alpha, tokens=labels, head=head, ax=a2)
     fig.tight_layout()
     return fig

@@ -52,8 +52,8 @@ import importlib.resources
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -63,9 +63,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..checks import check_int
-from .convert import check_attention, labels_of, top_k_per_target
-from .layout import LAYOUTS, choose_layout, circular, layered, spring
+from .convert import labels_of, top_k_per_target
+from .groups import Groups, node_groups
+from .inputs import (
+    as_layers,
+    as_scores,
+    check_options,
+    checked_layers,
+    count_nodes,
+    positions_given,
+)
+from .layout import choose_layout, circular, layered, spring
+from .limits import MAX_MATRIX_NODES
+from .neighbourhood import neighbourhood
+from .text import clean
 
 __all__ = ["AttentionExplorer", "explore"]
 
@@ -136,88 +147,6 @@ class AttentionExplorer:
             f"AttentionExplorer(nodes={self.num_nodes}, edges={self.num_edges}, "
             f"layout={self.layout!r}, {len(self.html.encode('utf-8')) / 1e6:.2f} MB)"
         )
-
-
-# ------------------------------------------------------------------- inputs
-
-
-def _as_layers(attentions: Any) -> list[tuple[Tensor, Tensor]]:
-    one = (
-        isinstance(attentions, tuple)
-        and len(attentions) == 2
-        and all(isinstance(t, Tensor) for t in attentions)
-    )
-    if one:
-        return [attentions]
-    if not isinstance(attentions, (list, tuple)) or not all(
-        isinstance(a, (list, tuple)) and len(a) == 2 for a in attentions
-    ):
-        raise TypeError(
-            "Expected 'attentions' to be (edge_index, alpha) or a list of them (one per "
-            f"layer), got {type(attentions).__name__}"
-        )
-    if not attentions:
-        raise ValueError("Expected 'attentions' to hold at least one (edge_index, alpha), got []")
-    return [(a[0], a[1]) for a in attentions]
-
-
-def _as_scores(scores: Any, count: int) -> list[Tensor | None]:
-    if scores is None:
-        return [None] * count
-    if isinstance(scores, Tensor):
-        scores = [scores]
-    if not isinstance(scores, (list, tuple)) or len(scores) != count:
-        got = len(scores) if isinstance(scores, (list, tuple)) else type(scores).__name__
-        raise ValueError(
-            f"Expected 'scores' to hold one tensor (or None) per layer ({count}), got {got}"
-        )
-    return list(scores)
-
-
-def _check_values(alpha: Tensor, scores: Tensor | None, layer: int) -> None:
-    bad = ~torch.isfinite(alpha)
-    if bool(bad.any()):
-        e = int(bad.nonzero()[0, 0])
-        raise ValueError(
-            f"Expected finite weights in 'alpha' (layer {layer}), got {float(alpha[e].max())} "
-            f"at edge {e}"
-        )
-    if bool((alpha < 0).any()):
-        e = int((alpha < 0).nonzero()[0, 0])
-        raise ValueError(
-            f"Expected weights >= 0 in 'alpha' (layer {layer}), got {float(alpha[e].min())} "
-            f"at edge {e}"
-        )
-    if scores is not None:
-        if scores.shape != alpha.shape:
-            raise ValueError(
-                f"Expected 'scores' of layer {layer} shaped like its alpha {list(alpha.shape)}, "
-                f"got {list(scores.shape)}"
-            )
-        # -inf is a masked edge (weight 0); NaN and +inf are mistakes.
-        if bool((torch.isnan(scores) | (scores == math.inf)).any()):
-            raise ValueError(f"Expected 'scores' of layer {layer} without NaN or +inf")
-
-
-def _positions_given(pos: Any, n: int) -> np.ndarray:
-    if isinstance(pos, Mapping):
-        missing = [v for v in range(n) if v not in pos]
-        if missing:
-            raise ValueError(
-                f"Expected 'pos' to place every node 0..{n - 1}, got none for {missing[:5]}"
-            )
-        arr = np.array([pos[v] for v in range(n)], dtype=np.float64).reshape(n, -1)
-    else:
-        arr = (pos.detach().cpu().numpy() if isinstance(pos, Tensor) else np.asarray(pos)).astype(
-            np.float64
-        )
-    if arr.shape != (n, 2):
-        raise ValueError(
-            f"Expected 'pos' of shape [{n}, 2] (one (x, y) per node), got {list(arr.shape)}"
-        )
-    if not np.isfinite(arr).all():
-        raise ValueError("Expected finite coordinates in 'pos', got NaN or inf")
-    return arr
 
 
 # -------------------------------------------------------------- preparation
@@ -321,15 +250,26 @@ def _f32(t: Tensor) -> str:
     return _b64(t.numpy().astype("<f4"))
 
 
-def _payload(
-    layers: list[_Layer],
-    labels: list[str],
-    xy: np.ndarray,
-    layout: str,
-    notes: list[str],
-    empty: str | None,
-) -> dict[str, Any]:
-    n = len(labels)
+def _empty_note(layers: list[_Layer], n: int) -> str | None:
+    if n == 0:
+        return "This graph is empty: no nodes and no edges."
+    if all(lay.edge_index.shape[1] == 0 for lay in layers):
+        return f"This graph has no edges ({n} nodes): nothing to draw."
+    return None
+
+
+def _matrix_note(n: int) -> str | None:
+    if n <= MAX_MATRIX_NODES:
+        return None
+    return (
+        f"The matrix is not drawn above {MAX_MATRIX_NODES} nodes ({n:,} here): a cell would be "
+        "a pixel or less. Look at one node's neighbourhood with explore(..., around=node, "
+        "hops=2), or click a node for its incoming edges and softmax."
+    )
+
+
+def _payload(layers: list[_Layer], view: _View, xy: np.ndarray, layout: str) -> dict[str, Any]:
+    n = len(view.labels)
     idx = "<u2" if n <= 65535 else "<i4"
     out = []
     for lay in layers:
@@ -355,7 +295,10 @@ def _payload(
     return {
         "n": n,
         "idx": "u16" if idx == "<u2" else "i32",
-        "labels": labels,
+        "labels": view.labels,
+        # The original node ids of a neighbourhood (None: node k is node k).
+        "ids": view.ids,
+        "groups": None if view.groups is None else asdict(view.groups),
         "x": _b64(xy[:, 0].astype("<f4")),
         # The page's y grows downwards; layouts have y up.
         "y": _b64((-xy[:, 1]).astype("<f4")),
@@ -365,8 +308,9 @@ def _payload(
         "maxWidth": MAX_WIDTH,
         "opacityFloor": OPACITY_FLOOR,
         "layers": out,
-        "notes": notes,
-        "empty": empty,
+        "notes": [lay.note for lay in layers if lay.note],
+        "empty": _empty_note(layers, n),
+        "matrixNote": _matrix_note(n),
     }
 
 
@@ -392,43 +336,56 @@ def _render(payload: dict[str, Any], title: str) -> str:
     return re.sub("|".join(parts), lambda m: parts[m.group(0)], _asset("explorer.html"))
 
 
-def _count_nodes(pairs: list[Any], num_nodes: int | None, tokens: Any, pos: Any) -> int:
-    """``num_nodes``, or the most that the edges, ``tokens`` and ``pos`` imply."""
-    if num_nodes is not None:
-        check_int(num_nodes, "num_nodes")
-        return num_nodes
-    n = max(
-        (int(ei.max()) + 1 for ei, _ in pairs if isinstance(ei, Tensor) and ei.numel()),
-        default=0,
-    )
-    n = max(n, len(tokens) if tokens is not None else 0)
-    if pos is not None and not isinstance(pos, Mapping):
-        n = max(n, len(pos))
-    return n
-
-
-def _checked_layers(pairs: list[Any], score_list: list[Any], n: int, tokens: Any) -> list[Any]:
-    """Every layer's ``(edge_index, alpha, scores)`` checked, scores as ``[E, H]`` or ``None``."""
-    checked = []
-    for k, ((ei, a), s) in enumerate(zip(pairs, score_list, strict=True)):
-        ei, a, _ = check_attention(ei, a, n, tokens)
-        if s is not None and not isinstance(s, Tensor):
-            raise TypeError(
-                f"Expected 'scores' of layer {k} to be a Tensor, got {type(s).__name__}"
-            )
-        if s is not None:
-            s = s.detach().unsqueeze(-1) if s.dim() == 1 else s.detach()
-        _check_values(a, s, k)
-        checked.append((ei, a, s))
-    return checked
-
-
-def _default_title(layers: list[Any], n: int) -> str:
+def _default_title(layers: list[Any], view: _View) -> str:
     total = sum(lay.edges_in for lay in layers)
     heads = max(lay.alpha.shape[1] for lay in layers)
+    where = "" if view.around is None else f" around node {view.around} ({view.hops} in-hops)"
     return (
-        f"gnnattn attention explorer: {n} nodes, {total:,} edges in {len(layers)} "
-        f"layer{'s' if len(layers) > 1 else ''}, {heads} head{'s' if heads > 1 else ''}"
+        f"gnnattn attention explorer: {len(view.labels)} nodes{where}, {total:,} edges in "
+        f"{len(layers)} layer{'s' * (len(layers) > 1)}, {heads} head{'s' * (heads > 1)}"
+    )
+
+
+@dataclass
+class _View:
+    """What the page shows: every node, or the neighbourhood ``around`` (renumbered)."""
+
+    layers: list[Any]  # (edge_index, alpha, scores) per layer, in the shown numbering
+    labels: list[str]
+    ids: list[int] | None  # original ids of a neighbourhood
+    xy: np.ndarray | None  # given positions
+    groups: Groups | None
+    around: int | None
+    hops: int
+
+
+def _view(
+    checked: list[Any], n: int, tokens: Any, pos: Any, node_color: Any, around: Any, hops: Any
+) -> _View:
+    labels = labels_of(n, tokens)
+    xy = None if pos is None else positions_given(pos, n)
+    groups = None if node_color is None else node_groups(node_color, n)
+    if around is None:
+        return _View(checked, labels, None, xy, groups, None, hops)
+    nb = neighbourhood(checked[0][0], around, hops, n)
+    layers = []
+    for ei, a, s in checked:
+        sub = nb.edges(ei, a) if s is None else nb.edges(ei, a, s)
+        layers.append((sub[0], sub[1], None if s is None else sub[2]))
+    if groups is not None:
+        # Only the classes present in the neighbourhood, in the same order.
+        sub = nb.rows(groups.of)
+        present = sorted(set(sub))
+        index = {g: k for k, g in enumerate(present)}
+        groups = Groups([groups.names[g] for g in present], [index[g] for g in sub])
+    return _View(
+        layers,
+        nb.rows(labels),
+        nb.nodes.tolist(),
+        None if xy is None else xy[nb.nodes.numpy()],
+        groups,
+        around,
+        hops,
     )
 
 
@@ -443,37 +400,42 @@ def explore(
     layer_names: Sequence[str] | None = None,
     title: str | None = None,
     max_edges: int = 100_000,
+    node_color: Any = None,
+    around: int | None = None,
+    hops: int = 2,
 ) -> AttentionExplorer:
     r"""An interactive page of the attention weights: graph and matrix, linked.
 
+    Above 200 nodes (:data:`~gnnattn.viz.limits.MAX_MATRIX_NODES`) the matrix
+    is replaced by a note: its cells would be a pixel or less.
+
     Args:
         attentions: ``(edge_index, alpha)`` as a layer returns it with
-            ``return_attention_weights=True``, or a list of them, one per
-            layer (each layer may have its own edges and number of heads).
-        tokens (list of str, optional): one label per node. (default:
-            :obj:`None`, the node ids)
-        pos (optional): node positions, ``{node: (x, y)}`` or ``[N, 2]``
-            (y up); they win over ``layout``. (default: :obj:`None`)
-        scores (optional): the scores :math:`s_{ij}` before the softmax,
-            shaped like ``alpha`` (a tensor, or a list with one per layer,
-            ``None`` where unknown); the page then shows them and the
-            target's max :math:`m_i`. (default: :obj:`None`: the page shows
-            :math:`s_{ij} - m_i`, which ``alpha`` determines)
-        num_nodes (int, optional): :math:`N`. (default: :obj:`None`, from the
-            edges, ``tokens`` and ``pos``)
+            ``return_attention_weights=True``, or a list with one per layer.
+        tokens (list of str, optional): node labels. (default: :obj:`None`, the ids)
+        pos (optional): positions ``{node: (x, y)}`` or ``[N, 2]`` (y up),
+            winning over ``layout``. (default: :obj:`None`)
+        scores (optional): the scores before the softmax, shaped like
+            ``alpha`` (or a list, one per layer); shown with the target's max.
+            (default: :obj:`None`: :math:`s_{ij} - m_i`, which ``alpha`` gives)
+        num_nodes (int, optional): :math:`N`. (default: :obj:`None`, from the inputs)
         layout (str, optional): ``"auto"``, ``"circular"``, ``"layered"`` or
-            ``"spring"``, computed from the first layer's edges.
-            (default: ``"auto"``)
-        layer_names (list of str, optional): names in the layer selector.
-            (default: :obj:`None`, ``"layer 0"``, ...)
+            ``"spring"``, from the first layer. (default: ``"auto"``)
+        layer_names (list of str, optional): layer names. (default: :obj:`None`)
         title (str, optional): the page's title. (default: :obj:`None`)
         max_edges (int, optional): a layer with more edges is cut to the top
             k per target that fit, and the page says so. (default: ``100000``)
+        node_color (optional): one class per node (an int tensor such as
+            ``data.y``, or a list of ints or strings), coloured with a legend.
+            (default: :obj:`None`)
+        around (int, optional): only this node's ``hops``-hop in-neighbourhood
+            (:mod:`gnnattn.viz.neighbourhood`), labelled with the original ids
+            or tokens. (default: :obj:`None`, every node)
+        hops (int, optional): the neighbourhood's depth. (default: ``2``)
 
     Shapes:
-        - **edge_index:** ``[2, E]`` per layer; **alpha:** ``[E, H]`` or ``[E]``
-        - **output:** an :class:`AttentionExplorer`; the page's size grows
-          linearly in :math:`E \cdot H`.
+        - **edge_index:** ``[2, E]`` per layer; **alpha:** ``[E, H]`` or ``[E]``;
+          the page's size grows linearly in :math:`E \cdot H`.
 
     Returns:
         AttentionExplorer: ``save(path)`` writes the HTML file.
@@ -484,44 +446,26 @@ def explore(
         >>> page.layout, page.num_edges, "<canvas" in page.html
         ('circular', [9], True)
     """
-    pairs = _as_layers(attentions)
-    score_list = _as_scores(scores, len(pairs))
-    check_int(max_edges, "max_edges", min=1)
-    if layout not in LAYOUTS:
-        raise ValueError(
-            f"Expected 'layout' to be 'auto', 'circular', 'layered' or 'spring', got {layout!r}"
-        )
-    if tokens is not None and isinstance(tokens, str):
-        raise TypeError("Expected 'tokens' to be a list of strings, got one str (use .split())")
-    if layer_names is not None and len(layer_names) != len(pairs):
-        raise ValueError(
-            f"Expected 'layer_names' to hold one name per layer ({len(pairs)}), "
-            f"got {len(layer_names)}"
-        )
-    n = _count_nodes(pairs, num_nodes, tokens, pos)
-    names = (
-        list(layer_names) if layer_names is not None else [f"layer {k}" for k in range(len(pairs))]
-    )
-    checked = _checked_layers(pairs, score_list, n, tokens)
-    layers = [_prepare(ei, a, s, n, names[k], max_edges) for k, (ei, a, s) in enumerate(checked)]
-    if pos is not None:
-        xy, used = _positions_given(pos, n), "given"
+    pairs = as_layers(attentions)
+    score_list = as_scores(scores, len(pairs))
+    names = check_options(len(pairs), layout, max_edges, layer_names, title)
+    n = count_nodes(pairs, num_nodes, tokens, pos)
+    checked = checked_layers(pairs, score_list, n, tokens)
+    view = _view(checked, n, tokens, pos, node_color, around, hops)
+    m = len(view.labels)
+    layers = [
+        _prepare(ei, a, s, m, names[k], max_edges) for k, (ei, a, s) in enumerate(view.layers)
+    ]
+    if view.xy is not None:
+        xy, used = view.xy, "given"
     else:
-        xy, used = _layout(layers[0], checked[0][0], n, layout)
-    notes = [lay.note for lay in layers if lay.note]
-    if n == 0:
-        empty: str | None = "This graph is empty: no nodes and no edges."
-    elif all(lay.edge_index.shape[1] == 0 for lay in layers):
-        empty = f"This graph has no edges ({n} nodes): nothing to draw."
-    else:
-        empty = None
-    if title is None:
-        title = _default_title(layers, n)
-    page = _render(_payload(layers, labels_of(n, tokens), xy, used, notes, empty), title)
+        xy, used = _layout(layers[0], view.layers[0][0], m, layout)
+    payload = _payload(layers, view, xy, used)
+    page = _render(payload, clean(title) if title is not None else _default_title(layers, view))
     return AttentionExplorer(
         page,
-        num_nodes=n,
+        num_nodes=m,
         num_edges=[lay.edge_index.shape[1] for lay in layers],
         layout=used,
-        notes=notes,
+        notes=payload["notes"],
     )

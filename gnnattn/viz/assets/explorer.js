@@ -23,6 +23,14 @@
   const N = D.n;
   const IDX = D.idx === "u16" ? Uint16Array : Int32Array;
   const labels = D.labels;
+  const ids = D.ids; // original node ids of a neighbourhood, or null
+  // Node fill by class (node_color): Tableau10, a rainbow beyond 10 classes,
+  // lightened so that the black label stays readable.
+  const groups = D.groups;
+  const groupColor = groups ? groups.names.map(function (_, k) {
+    const c = groups.names.length <= 10 ? d3.schemeTableau10[k] : d3.interpolateRainbow(k / groups.names.length);
+    return d3.interpolateRgb(c, "#fff")(0.3);
+  }) : null;
   const wx = decode(D.x, Float32Array);
   const wy = decode(D.y, Float32Array); // screen orientation: y grows downwards
   const layers = D.layers.map(function (L) {
@@ -191,7 +199,14 @@
       nn.sort(function (a, b) { return a - b; });
     }
     const med = nn.length ? nn[nn.length >> 1] : 40;
-    nodeR0 = Math.max(2, Math.min(16, 0.4 * med));
+    // Up to 16 px, or as wide as the longest label at 10 px needs (at most
+    // 30 px) where the nodes are far enough apart: "river" is read whole.
+    const probe = gCanvas.getContext("2d");
+    probe.font = "10px system-ui, sans-serif";
+    let widest = 0;
+    for (let i = 0; i < Math.min(N, 2000); i++) widest = Math.max(widest, probe.measureText(labels[i]).width);
+    const need = Math.min(30, widest / (2 * 0.84) + 1);
+    nodeR0 = Math.max(2, Math.min(Math.max(16, need), 0.4 * med));
   }
 
   function project() {
@@ -253,7 +268,7 @@
   function widthOf(w) { return Math.max(MAX_WIDTH * w, 0.5); }
   function opacityOf(w) { return Math.min(1, Math.max(w, OPACITY_FLOOR)); }
 
-  function labelOf(i) { return "'" + labels[i] + "' (" + i + ")"; }
+  function labelOf(i) { return "'" + labels[i] + "' (" + (ids ? ids[i] : i) + ")"; }
 
   // ------------------------------------------------------------------ drawing
   function drawGraph() {
@@ -282,22 +297,49 @@
     ctx.globalAlpha = 1;
     const r = nodeR();
     ctx.lineWidth = r > 4 ? 1.2 : 0.6;
-    ctx.strokeStyle = "#000"; ctx.fillStyle = "#fff";
-    ctx.beginPath();
-    for (let i = 0; i < N; i++) { ctx.moveTo(sx[i] + r, sy[i]); ctx.arc(sx[i], sy[i], r, 0, 2 * Math.PI); }
-    ctx.fill(); ctx.stroke();
+    ctx.strokeStyle = "#000";
+    const fills = groupColor || ["#fff"];
+    for (let g = 0; g < fills.length; g++) { // one path per class colour
+      ctx.fillStyle = fills[g];
+      ctx.beginPath();
+      for (let i = 0; i < N; i++) {
+        if (groups && groups.of[i] !== g) continue;
+        ctx.moveTo(sx[i] + r, sy[i]); ctx.arc(sx[i], sy[i], r, 0, 2 * Math.PI);
+      }
+      ctx.fill(); ctx.stroke();
+    }
+    labelFit = 0;
     if (r >= 5) { // a label fits from here on (a character at least)
       ctx.fillStyle = "#000"; ctx.textAlign = "center"; ctx.textBaseline = "middle";
-      const big = Math.min(13, Math.max(8, 0.85 * r));
       for (let i = 0; i < N; i++) {
-        // Long labels get a smaller font, down to 8 px, then are shortened.
-        const len = labels[i].length;
-        const fs = Math.max(8, Math.min(big, (2.1 * r) / (0.55 * Math.max(len, 1))));
-        const maxChars = Math.max(1, Math.floor((2.1 * r) / (0.55 * fs)));
-        ctx.font = fs.toFixed(1) + "px system-ui, sans-serif";
-        ctx.fillText(len > maxChars ? labels[i].slice(0, maxChars - 1) + "\u2026" : labels[i], sx[i], sy[i]);
+        const fit = fitLabel(ctx, labels[i], r);
+        ctx.font = fit.font;
+        ctx.fillText(fit.text, sx[i], sy[i]);
+        labelFit = Math.max(labelFit, fit.width / (2 * r));
       }
     }
+  }
+
+  // The label in the largest font (8 to 13 px) that fits inside the circle,
+  // measured, not estimated; shortened with an ellipsis when even 8 px is too wide.
+  const LABEL_ROOM = 0.84; // of the diameter: the text's box stays inside the circle
+  let labelFit = 0; // widest drawn label / diameter, for the tests
+  function fitLabel(ctx, text, r) {
+    const room = LABEL_ROOM * 2 * r;
+    let fs = Math.min(13, Math.max(8, 0.85 * r));
+    ctx.font = fs.toFixed(1) + "px system-ui, sans-serif";
+    let w = ctx.measureText(text).width;
+    while (w > room && fs > 8) { // glyphs do not scale exactly: shrink until it fits
+      fs = Math.max(8, 0.97 * fs * room / w);
+      ctx.font = fs.toFixed(1) + "px system-ui, sans-serif";
+      w = ctx.measureText(text).width;
+    }
+    let shown = text;
+    while (w > room && shown.length > 1) {
+      shown = shown.length > 2 ? Array.from(shown).slice(0, -2).join("") + "\u2026" : Array.from(shown)[0];
+      w = ctx.measureText(shown).width;
+    }
+    return { text: shown, font: ctx.font, width: w };
   }
 
   function drawOverlay() {
@@ -325,12 +367,11 @@
   }
 
   // Matrix: one pixel per cell in an N x N image, scaled up without smoothing.
-  const MATRIX_MAX_N = 2048;
   const mStack = document.getElementById("matrix-stack");
   const mCanvas = document.getElementById("matrix");
   const mOver = document.getElementById("matrix-overlay");
   const mImage = document.createElement("canvas");
-  let M = { size: 0, left: 0, top: 0, cell: 1, labels: false, on: N > 0 && N <= MATRIX_MAX_N };
+  let M = { size: 0, left: 0, top: 0, cell: 1, labels: false, on: N > 0 && !D.matrixNote };
   const blues = new Uint8Array(LEVELS * 3);
   const pale = new Uint8Array(LEVELS * 3);
   for (let l = 0; l < LEVELS; l++) {
@@ -350,6 +391,7 @@
     M.left = margin; M.top = margin;
     M.size = M.left + M.cell * N + 6;
     mStack.style.height = (M.on ? M.size : 40) + "px";
+    if (D.matrixNote) mStack.style.display = "none"; // the note above says why
     sizeCanvas(mCanvas, M.size, M.on ? M.size : 40); sizeCanvas(mOver, M.size, M.on ? M.size : 40);
     mImage.width = Math.max(1, N); mImage.height = Math.max(1, N);
   }
@@ -360,7 +402,7 @@
     ctx.clearRect(0, 0, M.size, M.size);
     if (!M.on) {
       ctx.fillStyle = "#777"; ctx.font = "12px system-ui, sans-serif";
-      ctx.fillText(N ? "matrix off: " + N + " x " + N + " cells do not fit a screen" : "no nodes", 8, 24);
+      if (!N) ctx.fillText("no nodes", 8, 24);
       return;
     }
     const L = cur();
@@ -450,6 +492,21 @@
     cctx.textAlign = "right"; cctx.fillText("\u03b1", 52, 4);
     cctx.textAlign = "center";
     [0, 0.25, 0.5, 0.75, 1].forEach(function (v) { cctx.fillText(String(v), 60 + 300 * v, 18); });
+  }
+
+  // The classes of node_color: a swatch, the name and how many nodes.
+  function drawNodeLegend() {
+    if (!groups) return;
+    const box = d3.select("#node-legend").attr("hidden", null);
+    const count = new Array(groups.names.length).fill(0);
+    for (const g of groups.of) count[g]++;
+    const MAX_SHOWN = 40;
+    groups.names.slice(0, MAX_SHOWN).forEach(function (name, g) {
+      const item = box.append("span").attr("class", "group").attr("data-group", g);
+      item.append("span").attr("class", "swatch").style("background", groupColor[g]);
+      item.append("span").text(name + " (" + count[g] + ")");
+    });
+    if (groups.names.length > MAX_SHOWN) box.append("span").text("\u2026 " + (groups.names.length - MAX_SHOWN) + " more classes");
   }
 
   // ------------------------------------------------------------------ numbers
@@ -776,7 +833,7 @@
   }
   api.state = function () {
     return { layer: S.layer, head: S.head, topk: S.topk, minw: S.minw, focus: S.focus,
-      drawn: drawn.length, edges: cur().E, layout: D.layout };
+      drawn: drawn.length, edges: cur().E, layout: D.layout, matrix: M.on, labelFit: labelFit };
   };
   // No frame pending: what is drawn matches state() (a change schedules a frame at once).
   api.settled = function () { return !frameRequested; };
@@ -786,6 +843,12 @@
   };
   api.edgeOf = function (j, i) { return findEdge(cur(), j, i); };
   api.edgePoint = function (j, i) { return client(gOver, quadMid(findEdge(cur(), j, i))); };
+  api.nodeFill = function (i) {
+    // The colour painted at node i's centre, off the label: a pixel left of it.
+    const ctx = gCanvas.getContext("2d");
+    const p = ctx.getImageData(Math.round((sx[i] - 0.6 * nodeR()) * dpr), Math.round(sy[i] * dpr), 1, 1).data;
+    return [p[0], p[1], p[2]];
+  };
   api.nodePoint = function (i) { return client(gOver, [sx[i], sy[i]]); };
   api.cellPoint = function (i, j) {
     return client(mOver, [M.left + (j + 0.5) * M.cell, M.top + (i + 0.5) * M.cell]);
@@ -809,6 +872,8 @@
   setTopkRange(true);
   updateNotes();
   drawLegend();
+  drawNodeLegend();
+  if (D.matrixNote) d3.select("#matrix-note").attr("hidden", null).text(D.matrixNote);
   if (D.empty) {
     d3.select("#empty").attr("hidden", null).text(D.empty);
   }
