@@ -512,6 +512,8 @@ def section_registers(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str
     from gnnattn.kernels import triton_attention as ta
     from gnnattn.kernels import triton_softmax as ts
     from gnnattn.kernels.common import Dropout
+    from gnnattn.kernels.triton_attention import backward as ta_bwd
+    from gnnattn.kernels.triton_attention import forward as ta_fwd
 
     # Compile every kernel at a small size (each specialisation is what counts);
     # 600 edges per target are split at the GPU's default chunk.
@@ -533,7 +535,7 @@ def section_registers(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str
     if dry or device != "cuda":
         return {"kernels": "none compiled (interpreter)"}
     kernels = {}
-    for mod in (ta, ts):
+    for mod in (ta_fwd, ta_bwd, ts):  # the modules that define the kernels
         for name in dir(mod):
             fn = getattr(mod, name)
             caches = getattr(fn, "device_caches", None)

@@ -289,6 +289,33 @@ def compare(
     """
     device = torch.device(device)
     gen = torch.Generator().manual_seed(seed)
+    layer = _checked_layer(layer, embed_dim, num_heads, seed)
+    d = layer.embed_dim
+    if x is None:
+        x = torch.randn(tokens, d, generator=gen, dtype=torch.float64)
+    names = _checked_args(x, d, dtypes, candidates, reps)
+
+    x64 = x.detach().to(device=device, dtype=torch.float64)
+    grad_out = torch.randn(x64.shape, generator=gen, dtype=torch.float64).to(device)
+    ref_layer = _copy(layer, torch.float64, device)
+    result = ParityResult(tokens=x64.shape[0], embed_dim=d, num_heads=layer.num_heads)
+    for is_causal in causal:
+        ref = _reference_run(ref_layer, x64, grad_out, bool(is_causal))
+        for dname in dtypes:
+            lay = _copy(layer, _DTYPES[dname], device)
+            for cand in names:
+                row = ParityRow(cand, dname, bool(is_causal))
+                result.rows.append(row)
+                _measure(row, lay, x64, grad_out, ref, reps)
+    if verbose:
+        print(result.table())
+    return result
+
+
+def _checked_layer(
+    layer: SelfAttentionConv | None, embed_dim: int, num_heads: int, seed: int
+) -> SelfAttentionConv:
+    """The layer to compare: the one given, checked, or a seeded default."""
     if layer is None:
         with torch.random.fork_rng():
             torch.manual_seed(seed)
@@ -300,9 +327,13 @@ def compare(
             f"Expected a layer without edge features (the dense peers have no edge inputs), got "
             f"edge_dim={layer.edge_dim}"
         )
-    d = layer.embed_dim
-    if x is None:
-        x = torch.randn(tokens, d, generator=gen, dtype=torch.float64)
+    return layer
+
+
+def _checked_args(
+    x: Tensor, d: int, dtypes: Sequence[str], candidates: Sequence[str] | None, reps: int
+) -> list[str]:
+    """Raise on arguments :func:`compare` cannot take; the candidates to run."""
     if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != d:
         raise ValueError(f"Expected 'x' of shape [T, {d}], got {list(getattr(x, 'shape', []))}")
     for name in dtypes:
@@ -313,43 +344,48 @@ def compare(
         if name not in _RUNNERS:
             raise ValueError(f"Expected 'candidates' among {CANDIDATES}, got {name!r}")
     check_int(reps, "reps", min=1)
+    return names
 
-    x64 = x.detach().to(device=device, dtype=torch.float64)
-    grad_out = torch.randn(x64.shape, generator=gen, dtype=torch.float64).to(device)
-    ref_layer = _copy(layer, torch.float64, device)
-    result = ParityResult(tokens=x64.shape[0], embed_dim=d, num_heads=layer.num_heads)
-    for is_causal in causal:
-        xr = x64.clone().requires_grad_(True)
-        ref_out, ref_w = _reference(ref_layer, xr, bool(is_causal))
-        ref_out.backward(grad_out)
-        assert xr.grad is not None
-        ref_out, ref_w, ref_g = ref_out.detach(), ref_w.detach(), xr.grad
-        for dname in dtypes:
-            dt = _DTYPES[dname]
-            lay = _copy(layer, dt, device)
-            for cand in names:
-                row = ParityRow(cand, dname, bool(is_causal))
-                result.rows.append(row)
-                try:
-                    runner = _RUNNERS[cand](lay, x64.shape[0], bool(is_causal))
-                    out, w, g, row.ms_per_call = _run(runner, x64.to(dt), grad_out.to(dt), reps)
-                except Exception as err:  # reported in the row, not fatal
-                    row.note = f"{type(err).__name__}: {str(err).splitlines()[0][:60]}"
-                    # A peer that cannot run here is n/a; gnnattn's own backends must run.
-                    row.ok = False if cand in _GRAPH_BACKENDS else None
-                    continue
-                row.out_abs, row.out_rel = _err(out, ref_out)
-                if w is not None:
-                    row.weight_abs, row.weight_rel = _err(w, ref_w)
-                if g is not None:
-                    row.grad_abs, row.grad_rel = _err(g, ref_g)
-                else:
-                    row.note = "no backward here"
-                rels = [r for r in (row.out_rel, row.weight_rel, row.grad_rel) if not math.isnan(r)]
-                row.ok = all(r <= TOLERANCES[dname] for r in rels)
-    if verbose:
-        print(result.table())
-    return result
+
+def _reference_run(
+    ref_layer: SelfAttentionConv, x64: Tensor, grad_out: Tensor, causal: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The float64 reference's ``(output, weights, grad of x)``."""
+    xr = x64.clone().requires_grad_(True)
+    ref_out, ref_w = _reference(ref_layer, xr, causal)
+    ref_out.backward(grad_out)
+    assert xr.grad is not None
+    return ref_out.detach(), ref_w.detach(), xr.grad
+
+
+def _measure(
+    row: ParityRow,
+    layer: SelfAttentionConv,
+    x64: Tensor,
+    grad_out: Tensor,
+    ref: tuple[Tensor, Tensor, Tensor],
+    reps: int,
+) -> None:
+    """Run ``row``'s candidate on ``layer`` and fill the row's errors, time and verdict."""
+    dt = _DTYPES[row.dtype]
+    try:
+        runner = _RUNNERS[row.candidate](layer, x64.shape[0], row.causal)
+        out, w, g, row.ms_per_call = _run(runner, x64.to(dt), grad_out.to(dt), reps)
+    except Exception as err:  # reported in the row, not fatal
+        row.note = f"{type(err).__name__}: {str(err).splitlines()[0][:60]}"
+        # A peer that cannot run here is n/a; gnnattn's own backends must run.
+        row.ok = False if row.candidate in _GRAPH_BACKENDS else None
+        return
+    ref_out, ref_w, ref_g = ref
+    row.out_abs, row.out_rel = _err(out, ref_out)
+    if w is not None:
+        row.weight_abs, row.weight_rel = _err(w, ref_w)
+    if g is not None:
+        row.grad_abs, row.grad_rel = _err(g, ref_g)
+    else:
+        row.note = "no backward here"
+    rels = [r for r in (row.out_rel, row.weight_rel, row.grad_rel) if not math.isnan(r)]
+    row.ok = all(r <= TOLERANCES[row.dtype] for r in rels)
 
 
 def _copy(layer: SelfAttentionConv, dtype: torch.dtype, device: torch.device) -> SelfAttentionConv:

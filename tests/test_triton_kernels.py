@@ -32,6 +32,11 @@ from gnnattn.kernels import triton_ops  # noqa: E402
 from gnnattn.kernels import triton_softmax as ts  # noqa: E402
 from gnnattn.kernels.chunks import chunk_plan  # noqa: E402
 from gnnattn.kernels.common import Dropout, dropout_bits, dropout_keep  # noqa: E402
+from gnnattn.kernels.triton_attention import _launch as ta_launch  # noqa: E402
+from gnnattn.kernels.triton_attention import _random as ta_random  # noqa: E402
+from gnnattn.kernels.triton_attention import _tiles as ta_tiles  # noqa: E402
+from gnnattn.kernels.triton_attention import backward as ta_bwd  # noqa: E402
+from gnnattn.kernels.triton_attention import forward as ta_fwd  # noqa: E402
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -421,7 +426,7 @@ def test_triton_dropout_bits_equal_common_bitwise(seed: int) -> None:
     counter = torch.cat([edge, torch.randint(0, 2**45, (200,))]).to(DEV)
     for offset in (0, 2**31 - 1):
         drop = Dropout(0.3, seed, offset)
-        lo, hi, off, _ = ta._dropout_args(drop)
+        lo, hi, off, _ = ta_random._dropout_args(drop)
         assert all(-(2**31) <= x < 2**31 for x in (lo, hi, off))  # always an i32 argument
         out = torch.empty_like(counter)
         _bits_kernel[(triton.cdiv(counter.numel(), 64),)](
@@ -638,8 +643,12 @@ def test_triton_plans_are_checked_once_and_must_fit() -> None:
 
 
 # Everything a call given its plans runs between the checks and the kernels.
-_NO_SYNC = ("_fwd", "_bwd", "_blocks", "_block_e", "_tile", "_scales", "_dropout_args",
-            "_int32_bits", "_check_plan", "_check_inputs", "_check_csc", "_sum_split")  # fmt: skip
+_NO_SYNC = (
+    (ta_fwd, "_fwd"), (ta_bwd, "_bwd"), (ta_bwd, "_sum_split"), (ta_tiles, "_blocks"),
+    (ta_tiles, "_block_e"), (ta_tiles, "_tile"), (ta_launch, "_scales"),
+    (ta_launch, "_check_plan"), (ta_launch, "_check_inputs"), (ta_launch, "_check_csc"),
+    (ta_random, "_dropout_args"), (ta_random, "_int32_bits"),
+)  # fmt: skip
 
 
 def test_triton_planned_path_reads_nothing_on_the_host() -> None:
@@ -649,8 +658,8 @@ def test_triton_planned_path_reads_nothing_on_the_host() -> None:
 
     banned_methods = {"item", "tolist", "cpu", "numpy", "nonzero", "any", "all", "unique"}
     banned_calls = {"int", "bool", "float", "check_ptr", "check_index", "plan", "_plan_now"}
-    for name in _NO_SYNC:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(ta, name))))
+    for mod, name in _NO_SYNC:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(mod, name))))
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
@@ -715,7 +724,8 @@ _COMPILE = textwrap.dedent(
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from gnnattn.kernels import triton_attention as ta, triton_softmax as ts
+    from gnnattn.kernels import triton_softmax as ts
+    from gnnattn.kernels.triton_attention import backward as tab, forward as taf
 
     I64 = ("ptr_ptr", "col_ptr", "tptr_ptr", "trow_ptr", "tperm_ptr", "chunk_ptr_ptr",
            "chunk_seg_ptr", "rank_ptr", "split_ptr")
@@ -751,10 +761,10 @@ _COMPILE = textwrap.dedent(
             (ts._softmax_fwd_chunk, dict(soft, SLOTS=2)), (ts._softmax_fwd_split, soft),
             (ts._softmax_bwd_chunk, dict(soft, SLOTS=1)), (ts._softmax_bwd_split, soft),
             (ts._softmax_combine, dict(ACC=acc, BLOCK_H=8, IS_MAX=True)),
-            (ta._attn_fwd, every), (ta._attn_fwd, none),
-            (ta._attn_fwd_combine, dict(ACC=acc, BLOCK_H=8, BLOCK_CV=64, H=8, CV=64)),
-            (ta._attn_bwd_dq, every), (ta._attn_bwd_dkdv, every), (ta._attn_bwd_dkdv, none),
-            (ta._sum_split_rows, dict(ACC=acc, W=192, SCALED=True, BLOCK_W=256)),
+            (taf._attn_fwd, every), (taf._attn_fwd, none),
+            (taf._attn_fwd_combine, dict(ACC=acc, BLOCK_H=8, BLOCK_CV=64, H=8, CV=64)),
+            (tab._attn_bwd_dq, every), (tab._attn_bwd_dkdv, every), (tab._attn_bwd_dkdv, none),
+            (tab._sum_split_rows, dict(ACC=acc, W=192, SCALED=True, BLOCK_W=256)),
         ]
         for fn, consts in jobs:
             src = ASTSource(fn=fn, signature=signature(fn, dt, acc_name, consts),
@@ -859,7 +869,7 @@ def test_triton_cuda_planned_calls_never_sync() -> None:
 
     step(1)  # compiles
     torch.cuda.synchronize()
-    kernels = (ta._attn_fwd, ta._attn_bwd_dq, ta._attn_bwd_dkdv)
+    kernels = (ta_fwd._attn_fwd, ta_bwd._attn_bwd_dq, ta_bwd._attn_bwd_dkdv)
     compiled = [sum(len(c[0]) for c in fn.device_caches.values()) for fn in kernels]
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -30,7 +30,7 @@ from torch import Tensor
 from ..checks import check_int
 from .builders import resolve_lengths, structured_edge_index
 from .csr import CSC, CSR, segment_ids, to_csr, transpose_csr
-from .inputs import normalize
+from .inputs import canonical_device, normalize
 from .structure import Structure, detect_structure
 
 __all__ = ["AttentionGraph"]
@@ -52,16 +52,6 @@ def _building(lock: threading.RLock | None) -> Iterator[None]:
         return
     with lock or contextlib.nullcontext(), torch.inference_mode(False):
         yield
-
-
-def _canonical(device: torch.device | str | None) -> torch.device:
-    """``device`` with its index, as tensors report theirs (``cuda`` -> ``cuda:0``)."""
-    dev = torch.device(device if device is not None else "cpu")
-    if dev.type == "cuda" and dev.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    if dev.type == "cpu":
-        return torch.device("cpu")
-    return dev
 
 
 class AttentionGraph:
@@ -164,7 +154,7 @@ class AttentionGraph:
         self._detected = structure is not None or bipartite
         if edge_index is None and csr is not None:
             device = csr.ptr.device  # a CSR adjacency: edges made only when asked for
-        self._device = _canonical(edge_index.device if edge_index is not None else device)
+        self._device = canonical_device(edge_index.device if edge_index is not None else device)
         self._csr: CSR | None = csr
         self._csc: CSC | None = None
         self._input_edges: Tensor | None = None
@@ -534,7 +524,7 @@ class AttentionGraph:
 
     def to(self, device: torch.device | str) -> AttentionGraph:
         """The same graph on ``device`` (what was built moves with it)."""
-        device = _canonical(device)
+        device = canonical_device(device)
         if device == self._device:
             return self
         g = copy.copy(self)  # a new lock and an empty cache: see __getstate__

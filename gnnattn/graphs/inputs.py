@@ -1,5 +1,5 @@
 """The edge sets a graph object is built from: a ``[2, E]`` tensor, an ``EdgeIndex``,
-a ``torch.sparse`` ``adj_t``; each checked and brought to one form."""
+a ``torch.sparse`` ``adj_t``; each checked and brought to one form (its device too)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ..checks import check_tensor
 from .csr import CSR, segment_ids
 from .validate import check_edge_index, check_edge_index_static
 
-__all__ = ["from_sparse", "normalize", "own_sizes", "plain"]
+__all__ = ["canonical_device", "from_sparse", "normalize", "own_sizes", "plain"]
 
 
 def plain(edge_index: Tensor) -> Tensor:
@@ -122,3 +122,13 @@ def own_sizes(edge_index: Tensor) -> tuple[int, int] | None:
         if m is not None and n is not None:
             return int(m), int(n)
     return None
+
+
+def canonical_device(device: torch.device | str | None) -> torch.device:
+    """``device`` with its index, as tensors report theirs (``cuda`` -> ``cuda:0``)."""
+    dev = torch.device(device if device is not None else "cpu")
+    if dev.type == "cuda" and dev.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    return dev

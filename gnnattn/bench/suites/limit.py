@@ -23,12 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..harness import BenchConfig, Candidate, Case
 from .common import random_graph
+
+if TYPE_CHECKING:
+    from ...graphs import AttentionGraph
 
 __all__ = ["SIZES", "limit_cases"]
 
@@ -52,110 +56,21 @@ def _case(cfg: BenchConfig, n: int, deg: int, h: int, c: int) -> Case:
     import warnings
 
     from ...graphs import AttentionGraph
-    from ...kernels import cpu
-    from ...ops import attention
 
     gen = torch.Generator().manual_seed(cfg.seed + 6)
-    w = h * c
     e = n * deg
     graph = AttentionGraph(random_graph(n, deg, gen), n)
     ptr, col, _ = graph.csr
-    tptr, trow, tperm = graph.csc
-    csc = (tptr, trow, tperm)
-    # The kernels' checked plans, made once (as the operator keeps them on the graph).
-    pl = cpu.plan(ptr, col, n)
-    tpl = cpu.plan(tptr, trow, n, perm=tperm)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
         adj = torch.sparse_csr_tensor(ptr, col, torch.ones(e), (n, n))
-    q, k, v, dout = (torch.randn(n, h, c, generator=gen) for _ in range(4))
-    xmat = torch.randn(n, w, generator=gen)
-    scale = c**-0.5
-    _, lse = cpu.attention_fwd(q, k, v, ptr, col, scale, plan=pl)
-    _, ld, _, _ = cpu.attention_bwd_dst(q, k, v, lse, dout, ptr, col, scale, plan=pl)
-
-    # Bytes each call must move at least: gathered rows per edge, the index
-    # arrays once, the rows each node reads and writes once.
-    f32, ix = 4, col.element_size()
-    row = w * f32
-    spmm = e * (row + ix + f32) + 2 * n * row + 8 * (n + 1)
-    fwd = e * (2 * row + ix) + n * (2 * row + h * f32) + 8 * (n + 1)
-    dst = e * (2 * row + ix) + n * (3 * row + 3 * h * f32) + 8 * (n + 1)
-    src = e * (2 * row + 2 * h * f32 + csc[1].element_size()) + 4 * n * row + 8 * (n + 1)
-
-    def spmm_fn(x: Tensor) -> Tensor:
-        return torch.sparse.mm(adj, x)
-
-    def sddmm_fn(x: Tensor) -> Tensor:
-        return torch.sparse.sampled_addmm(adj, x, xmat.T, beta=0.0).values()
-
-    def call(f: Callable[[], object]) -> Callable[[Tensor], Tensor]:
-        def fn(x: Tensor) -> Tensor:
-            f()
-            return x
-
-        return fn
-
-    lq, lk, lv = (t.clone().requires_grad_() for t in (q, k, v))
-
-    def op_fwdbwd() -> None:
-        with torch.enable_grad():
-            out = attention(lq, lk, lv, graph, scale=scale, backend="fused")
-            assert isinstance(out, Tensor)
-            out.backward(dout)
-        for t in (lq, lk, lv):
-            t.grad = None
-
-    def op_fwd() -> None:
-        attention(q, k, v, graph, scale=scale, backend="fused")
-
-    def kernel_bwd() -> None:
-        cpu.attention_bwd(q, k, v, None, lse, dout, ptr, col, scale, csc=csc, plan=pl, csc_plan=tpl)
-
-    def kernel_fwdbwd() -> None:
-        _, ls = cpu.attention_fwd(q, k, v, ptr, col, scale, plan=pl)
-        cpu.attention_bwd(q, k, v, None, ls, dout, ptr, col, scale, csc=csc, plan=pl, csc_plan=tpl)
-
+    qkvd = tuple(torch.randn(n, h, c, generator=gen) for _ in range(4))
+    xmat = torch.randn(n, h * c, generator=gen)
+    floor = _floor(n, e, h * c, h, col.element_size(), graph.csc[1].element_size())
     cands = [
-        Candidate("CSR SpMM: torch.sparse.mm(A, X)", spmm_fn, bytes=spmm),
-        Candidate(
-            "CSR SDDMM: torch.sparse.sampled_addmm",
-            sddmm_fn,
-            note="the scores pass of one head of width H*C, in torch",
-            bytes=e * (row + ix + f32) + 2 * n * row + 8 * (n + 1),
-        ),
-        Candidate(
-            "fused forward (kernel)",
-            call(lambda: cpu.attention_fwd(q, k, v, ptr, col, scale, plan=pl)),
-            note="gathers k_j, v_j",
-            bytes=fwd,
-        ),
-        Candidate(
-            "backward destination pass (kernel)",
-            call(lambda: cpu.attention_bwd_dst(q, k, v, lse, dout, ptr, col, scale, plan=pl)),
-            note="gathers k_j, v_j: D_i, dq",
-            bytes=dst,
-        ),
-        Candidate(
-            "backward source pass (kernel)",
-            call(lambda: cpu.attention_bwd_src(q, k, v, ld, dout, csc, scale, csc_plan=tpl)),
-            note="gathers q_i, dout_i, (lse_i, D_i): dk, dv",
-            bytes=src,
-        ),
-        Candidate("backward, both passes (kernel)", call(kernel_bwd), bytes=dst + src),
-        Candidate("forward + backward (kernel)", call(kernel_fwdbwd), bytes=fwd + dst + src),
-        Candidate(
-            "forward: gnnattn.attention",
-            call(op_fwd),
-            note="the operator as the layer calls it (no grad)",
-            bytes=fwd,
-        ),
-        Candidate(
-            "forward + backward: gnnattn.attention",
-            call(op_fwdbwd),
-            note="through autograd, as in training",
-            bytes=fwd + dst + src,
-        ),
+        *_torch_candidates(adj, xmat, floor),
+        *_kernel_candidates(graph, qkvd, floor),
+        *_operator_candidates(graph, qkvd, floor),
     ]
     return Case(
         "limit",
@@ -171,3 +86,140 @@ def _case(cfg: BenchConfig, n: int, deg: int, h: int, c: int) -> Case:
         memory=False,
         mode_label="one call each",
     )
+
+
+class _Floor(NamedTuple):
+    """Bytes each call must move at least: gathered rows per edge, the index
+    arrays once, the rows each node reads and writes once."""
+
+    spmm: int
+    fwd: int
+    dst: int
+    src: int
+
+
+def _floor(n: int, e: int, w: int, h: int, ix: int, trow_ix: int) -> _Floor:
+    f32 = 4
+    row = w * f32
+    return _Floor(
+        spmm=e * (row + ix + f32) + 2 * n * row + 8 * (n + 1),
+        fwd=e * (2 * row + ix) + n * (2 * row + h * f32) + 8 * (n + 1),
+        dst=e * (2 * row + ix) + n * (3 * row + 3 * h * f32) + 8 * (n + 1),
+        src=e * (2 * row + 2 * h * f32 + trow_ix) + 4 * n * row + 8 * (n + 1),
+    )
+
+
+def _call(f: Callable[[], object]) -> Callable[[Tensor], Tensor]:
+    """``f`` as a candidate: its input is a placeholder, returned as is."""
+
+    def fn(x: Tensor) -> Tensor:
+        f()
+        return x
+
+    return fn
+
+
+def _torch_candidates(adj: Tensor, xmat: Tensor, floor: _Floor) -> list[Candidate]:
+    """The yardsticks: torch's CSR SpMM and SDDMM on the same adjacency."""
+
+    def spmm_fn(x: Tensor) -> Tensor:
+        return torch.sparse.mm(adj, x)
+
+    def sddmm_fn(x: Tensor) -> Tensor:
+        return torch.sparse.sampled_addmm(adj, x, xmat.T, beta=0.0).values()
+
+    return [
+        Candidate("CSR SpMM: torch.sparse.mm(A, X)", spmm_fn, bytes=floor.spmm),
+        Candidate(
+            "CSR SDDMM: torch.sparse.sampled_addmm",
+            sddmm_fn,
+            note="the scores pass of one head of width H*C, in torch",
+            bytes=floor.spmm,
+        ),
+    ]
+
+
+def _kernel_candidates(
+    graph: AttentionGraph, qkvd: tuple[Tensor, ...], floor: _Floor
+) -> list[Candidate]:
+    """Each pass of :mod:`gnnattn.kernels.cpu`, called directly with plans made once."""
+    from ...kernels import cpu
+
+    q, k, v, dout = qkvd
+    ptr, col, _ = graph.csr
+    tptr, trow, tperm = graph.csc
+    csc = (tptr, trow, tperm)
+    # The kernels' checked plans, made once (as the operator keeps them on the graph).
+    pl = cpu.plan(ptr, col, graph.num_nodes)
+    tpl = cpu.plan(tptr, trow, graph.num_nodes, perm=tperm)
+    scale = q.shape[2] ** -0.5
+    _, lse = cpu.attention_fwd(q, k, v, ptr, col, scale, plan=pl)
+    _, ld, _, _ = cpu.attention_bwd_dst(q, k, v, lse, dout, ptr, col, scale, plan=pl)
+
+    def kernel_bwd() -> None:
+        cpu.attention_bwd(q, k, v, None, lse, dout, ptr, col, scale, csc=csc, plan=pl, csc_plan=tpl)
+
+    def kernel_fwdbwd() -> None:
+        _, ls = cpu.attention_fwd(q, k, v, ptr, col, scale, plan=pl)
+        cpu.attention_bwd(q, k, v, None, ls, dout, ptr, col, scale, csc=csc, plan=pl, csc_plan=tpl)
+
+    bwd = floor.dst + floor.src
+    return [
+        Candidate(
+            "fused forward (kernel)",
+            _call(lambda: cpu.attention_fwd(q, k, v, ptr, col, scale, plan=pl)),
+            note="gathers k_j, v_j",
+            bytes=floor.fwd,
+        ),
+        Candidate(
+            "backward destination pass (kernel)",
+            _call(lambda: cpu.attention_bwd_dst(q, k, v, lse, dout, ptr, col, scale, plan=pl)),
+            note="gathers k_j, v_j: D_i, dq",
+            bytes=floor.dst,
+        ),
+        Candidate(
+            "backward source pass (kernel)",
+            _call(lambda: cpu.attention_bwd_src(q, k, v, ld, dout, csc, scale, csc_plan=tpl)),
+            note="gathers q_i, dout_i, (lse_i, D_i): dk, dv",
+            bytes=floor.src,
+        ),
+        Candidate("backward, both passes (kernel)", _call(kernel_bwd), bytes=bwd),
+        Candidate("forward + backward (kernel)", _call(kernel_fwdbwd), bytes=floor.fwd + bwd),
+    ]
+
+
+def _operator_candidates(
+    graph: AttentionGraph, qkvd: tuple[Tensor, ...], floor: _Floor
+) -> list[Candidate]:
+    """``gnnattn.attention(..., backend="fused")`` as the layer calls it."""
+    from ...ops import attention
+
+    q, k, v, dout = qkvd
+    scale = q.shape[2] ** -0.5
+    lq, lk, lv = (t.clone().requires_grad_() for t in (q, k, v))
+
+    def op_fwdbwd() -> None:
+        with torch.enable_grad():
+            out = attention(lq, lk, lv, graph, scale=scale, backend="fused")
+            assert isinstance(out, Tensor)
+            out.backward(dout)
+        for t in (lq, lk, lv):
+            t.grad = None
+
+    def op_fwd() -> None:
+        attention(q, k, v, graph, scale=scale, backend="fused")
+
+    return [
+        Candidate(
+            "forward: gnnattn.attention",
+            _call(op_fwd),
+            note="the operator as the layer calls it (no grad)",
+            bytes=floor.fwd,
+        ),
+        Candidate(
+            "forward + backward: gnnattn.attention",
+            _call(op_fwdbwd),
+            note="through autograd, as in training",
+            bytes=floor.fwd + floor.dst + floor.src,
+        ),
+    ]

@@ -33,10 +33,15 @@ SIZES: Mapping[str, tuple[int, int, int, int, int]] = MappingProxyType(
 
 def model_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
     """The transformer stack, and causal pruning (forward only)."""
-    from ...graphs import AttentionGraph, causal_graph, complete_graph
+    gen = torch.Generator().manual_seed(cfg.seed + 4)
+    return [_transformer_case(cfg, device, gen), _causal_case(cfg, device, gen)]
+
+
+def _transformer_case(cfg: BenchConfig, device: torch.device, gen: torch.Generator) -> Case:
+    """``GraphTransformer`` against the ``nn.TransformerEncoder`` it was made from."""
+    from ...graphs import AttentionGraph
     from ...nn import GraphTransformer
 
-    gen = torch.Generator().manual_seed(cfg.seed + 4)
     b, t, d, h, num_layers = SIZES["quick" if cfg.quick else "full"]
     torch.manual_seed(cfg.seed)
     enc_layer = torch.nn.TransformerEncoderLayer(
@@ -57,7 +62,7 @@ def model_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
     info: dict[str, Any] = {
         "sequences": b, "tokens": t, "embed_dim": d, "heads": h, "layers": num_layers
     }  # fmt: skip
-    model_case = Case(
+    return Case(
         "models",
         f"GraphTransformer vs nn.TransformerEncoder, {b} x {t} tokens, embed {d}, "
         f"{h} heads, {num_layers} layers (eval)",
@@ -81,20 +86,26 @@ def model_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
         info,
         modes=("fwd",),
     )
-    # Causal pruning: a causal layer on a complete edge_index vs on the causal one.
+
+
+def _causal_case(cfg: BenchConfig, device: torch.device, gen: torch.Generator) -> Case:
+    """A causal layer on a complete ``edge_index`` (pruned per call), on a graph
+    object of it (pruned once) and on the causal graph."""
+    from ...graphs import AttentionGraph, causal_graph, complete_graph
+
     dense = DENSE_SIZES["quick" if cfg.quick else "full"]
-    t2, d2, h2 = dense["seq"], dense["dim"], dense["heads"]
+    t, d, h = dense["seq"], dense["dim"], dense["heads"]
     torch.manual_seed(cfg.seed)
-    layer = attention_layer(d2, h2, device, causal=True)
-    x2, g2 = input_pair(t2, d2, device, gen)
-    complete_ei = complete_graph(t2, device=device)
-    causal_ei = causal_graph(t2, device=device)
+    layer = attention_layer(d, h, device, causal=True)
+    x, g = input_pair(t, d, device, gen)
+    complete_ei = complete_graph(t, device=device)
+    causal_ei = causal_graph(t, device=device)
     complete_obj = AttentionGraph(complete_ei)
-    causal_case = Case(
+    return Case(
         "models",
-        f"SelfAttentionConv(causal=True), T={t2}, embed {d2}, {h2} heads",
-        x2,
-        g2,
+        f"SelfAttentionConv(causal=True), T={t}, embed {d}, {h} heads",
+        x,
+        g,
         "layer(x, causal_graph(T))",
         [
             Candidate("layer(x, causal_graph(T))", lambda x: layer(x, causal_ei)),
@@ -109,11 +120,10 @@ def model_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
                 note="object built once: its causal view is pruned once, then kept",
             ),
             Candidate(
-                "layer(x, AttentionGraph.causal(T))", lambda x: layer(x, AttentionGraph.causal(t2))
+                "layer(x, AttentionGraph.causal(T))", lambda x: layer(x, AttentionGraph.causal(t))
             ),
         ],
         list(layer.parameters()),
-        {"T": t2, "embed_dim": d2, "heads": h2},
+        {"T": t, "embed_dim": d, "heads": h},
         modes=("fwd",),
     )
-    return [model_case, causal_case]

@@ -1,0 +1,475 @@
+"""The backward: the ``dq`` pass over the CSR, the ``dk``/``dv`` pass over its transpose.
+
+* ``_attn_bwd_dq``: the forward's plan and walk. ``D_i = sum_c dout_ic
+  out_ic`` is computed once on the host side (``N x H`` numbers); the kernel
+  recomputes ``alpha_ij = exp(s_ij - lse_i)``, then ``ds = alpha (dp - D_i)``
+  with ``dp = keep * scale_d * (dout_i . (v_j + vb_ij))``, ``dq_i = scale *
+  sum_j ds_ij k_j``, ``dbias = ds`` and ``dvalue_bias_ij = keep * scale_d *
+  alpha_ij * dout_i``, all per edge in CSR order. Split targets' partial
+  ``dq`` are summed in chunk order (``_sum_split_rows``).
+* ``_attn_bwd_dkdv``: one program per chunk of one source ``j`` over the
+  **transposed CSR** (the graph object's, built once per graph): ``dv_j =
+  sum_i kept_ij dout_i`` and ``dk_j = scale * sum_i ds_ij q_i``; an edge's
+  bias, value bias and dropout counter come from its CSR position
+  ``tperm[t]``. High out-degree sources are split and summed the same way.
+
+Why a transposed CSR rather than atomics: every ``dk_j`` / ``dv_j`` is summed
+by one program in a fixed order, so the gradients are deterministic (run to
+run, bit for bit) and accumulate in float32 registers rather than in the
+output dtype; float16/bfloat16 ``atomic_add`` into ``[M, H, C]`` would round
+at every add and serialise on the rows of high out-degree sources. The price is
+one ``O(E log E)`` sort per graph (kept by :class:`gnnattn.AttentionGraph`)
+and recomputing each score twice (once per backward kernel), which
+FlashAttention-2 also pays.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ...graphs.csr import transpose_csr
+from ..chunks import TritonPlan, acc_tl, chunk_range
+from ..common import Dropout, acc_dtype, check_index
+from ._launch import _check_csc, _check_inputs, _check_plan, _plan_now, _scales
+from ._random import _dropout_args, _keep
+from ._tiles import _NO_SPECIALISE, _blocks, _load_rows, _rows
+from .forward import _fwd
+
+__all__ = ["attention_bwd"]
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALISE)
+def _attn_bwd_dq(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bias_ptr,
+    vb_ptr,  # [E, H, CV] value bias (unused unless HAS_VB)
+    dout_ptr,  # [N, H, CV]
+    lse_ptr,
+    delta_ptr,  # [N, H]: D = sum(dout * out), computed on the host
+    dq_ptr,  # [N, H, C]
+    dbias_ptr,  # [E, H] (unused unless HAS_BIAS)
+    dvb_ptr,  # [E, H, CV] (unused unless HAS_VB)
+    scale_ptr,
+    ptr_ptr,
+    col_ptr,
+    chunk_ptr_ptr,
+    chunk_seg_ptr,
+    rank_ptr,
+    part_ptr,  # [S, H, C] partial dq of split chunks
+    n_seg,
+    n_slots,
+    seed_lo,
+    seed_hi,
+    drop_offset,
+    drop_threshold,
+    H: tl.constexpr,
+    C: tl.constexpr,
+    CV: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_VB: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_CV: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    c = tl.program_id(0).to(tl.int64)
+    i, start, end, split = chunk_range(
+        c, n_slots, ptr_ptr, chunk_ptr_ptr, chunk_seg_ptr, n_seg, CHUNK
+    )
+    if i < n_seg:
+        hs = tl.arange(0, BLOCK_H)
+        hmask = hs < H
+        cs = tl.arange(0, BLOCK_C)
+        cvs = tl.arange(0, BLOCK_CV)
+        qmask = hmask[:, None] & (cs < C)[None, :]
+        scale = tl.load(scale_ptr)
+        drop_scale = tl.load(scale_ptr + 1)
+        q = tl.load(q_ptr + i * (H * C) + hs[:, None] * C + cs[None, :], mask=qmask, other=0.0)
+        q = q.to(ACC) * scale
+        dmask = hmask[:, None] & (cvs < CV)[None, :]
+        do = tl.load(
+            dout_ptr + i * (H * CV) + hs[:, None] * CV + cvs[None, :], mask=dmask, other=0.0
+        )
+        do = do.to(ACC)  # (BLOCK_H, BLOCK_CV)
+        delta = tl.load(delta_ptr + i * H + hs, mask=hmask, other=0.0).to(ACC)
+        lse = tl.load(lse_ptr + i * H + hs, mask=hmask, other=float("-inf")).to(ACC)
+        # lse = -inf: no finite score, every weight of i is 0 (never NaN).
+        live = hmask & (lse != float("-inf"))
+        lse_safe = tl.where(live, lse, 0.0)  # no -inf - -inf, even where masked
+
+        dq = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+        b = start
+        while b < end:
+            edges = b + tl.arange(0, BLOCK_E)
+            emask = edges < end
+            j = tl.load(col_ptr + edges, mask=emask, other=0).to(tl.int64)
+            kt = _load_rows(k_ptr, j, emask, hs, hmask, C, BLOCK_C, H).to(ACC)
+            s = tl.sum(kt * q[None, :, :], 2)  # (BLOCK_E, BLOCK_H)
+            bmask = emask[:, None] & hmask[None, :]
+            if HAS_BIAS:
+                bias = tl.load(bias_ptr + edges[:, None] * H + hs[None, :], mask=bmask, other=0.0)
+                s += bias.to(ACC)
+            # exp(-inf) = 0 off the edges and for dead targets (no overflow
+            # there); a NaN lse gives NaN weights, as in the reference.
+            valid = emask[:, None] & live[None, :]
+            alpha = tl.exp(tl.where(valid, s - lse_safe[None, :], float("-inf")))
+            vt = _load_rows(v_ptr, j, emask, hs, hmask, CV, BLOCK_CV, H).to(ACC)
+            if HAS_VB:
+                vt += _load_rows(vb_ptr, edges, emask, hs, hmask, CV, BLOCK_CV, H).to(ACC)
+            dp = tl.sum(vt * do[None, :, :], 2)  # (BLOCK_E, BLOCK_H): dout_i . message
+            kept = alpha  # the weights the forward used
+            if HAS_DROPOUT:
+                keep = _keep(edges, hs, H, seed_lo, seed_hi, drop_offset, drop_threshold)
+                f = keep.to(ACC) * drop_scale
+                dp = dp * f
+                kept = alpha * f
+            ds = alpha * (dp - delta[None, :])
+            dq += tl.sum(ds[:, :, None] * kt, 0)
+            if HAS_BIAS:
+                db = ds.to(dbias_ptr.dtype.element_ty)
+                tl.store(dbias_ptr + edges[:, None] * H + hs[None, :], db, mask=bmask)
+            if HAS_VB:
+                offs, vmask = _rows(edges, emask, hs, hmask, CV, BLOCK_CV, H)
+                dvb = (kept[:, :, None] * do[None, :, :]).to(dvb_ptr.dtype.element_ty)
+                tl.store(dvb_ptr + offs, dvb, mask=vmask)
+            b += BLOCK_E
+        hc = hs[:, None] * C + cs[None, :]
+        if split:
+            r = tl.load(rank_ptr + c)
+            tl.store(part_ptr + r * (H * C) + hc, dq, mask=qmask)
+        else:
+            dq_out = (dq * scale).to(dq_ptr.dtype.element_ty)
+            tl.store(dq_ptr + i * (H * C) + hc, dq_out, mask=qmask)
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALISE)
+def _attn_bwd_dkdv(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bias_ptr,
+    vb_ptr,
+    dout_ptr,
+    lse_ptr,
+    delta_ptr,
+    dk_ptr,  # [M, H, C]
+    dv_ptr,  # [M, H, CV]
+    scale_ptr,
+    tptr_ptr,  # [M + 1] int64: the out-edges of source j are tptr[j]:tptr[j+1]
+    trow_ptr,  # [E] int32 / int64: their targets
+    tperm_ptr,  # [E] int32 / int64: their CSR positions (bias, value bias, dropout)
+    chunk_ptr_ptr,
+    chunk_seg_ptr,
+    rank_ptr,
+    part_k_ptr,  # [S, H, C] partial dk of split chunks
+    part_v_ptr,  # [S, H, CV] partial dv
+    n_seg,
+    n_slots,
+    seed_lo,
+    seed_hi,
+    drop_offset,
+    drop_threshold,
+    H: tl.constexpr,
+    C: tl.constexpr,
+    CV: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_VB: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_CV: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    c = tl.program_id(0).to(tl.int64)
+    j, start, end, split = chunk_range(
+        c, n_slots, tptr_ptr, chunk_ptr_ptr, chunk_seg_ptr, n_seg, CHUNK
+    )
+    if j < n_seg:
+        hs = tl.arange(0, BLOCK_H)
+        hmask = hs < H
+        cs = tl.arange(0, BLOCK_C)
+        cvs = tl.arange(0, BLOCK_CV)
+        kmask = hmask[:, None] & (cs < C)[None, :]
+        vmask = hmask[:, None] & (cvs < CV)[None, :]
+        scale = tl.load(scale_ptr)
+        drop_scale = tl.load(scale_ptr + 1)
+        k = tl.load(k_ptr + j * (H * C) + hs[:, None] * C + cs[None, :], mask=kmask, other=0.0)
+        k = k.to(ACC) * scale
+        v = tl.load(v_ptr + j * (H * CV) + hs[:, None] * CV + cvs[None, :], mask=vmask, other=0.0)
+        v = v.to(ACC)
+
+        dk = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+        dv = tl.zeros([BLOCK_H, BLOCK_CV], ACC)
+        b = start
+        while b < end:
+            t = b + tl.arange(0, BLOCK_E)
+            emask = t < end  # the tail of the last block of out-edges
+            # Row 0 keeps masked lanes' gathers in bounds; they are masked after.
+            i = tl.load(trow_ptr + t, mask=emask, other=0).to(tl.int64)
+            qt = _load_rows(q_ptr, i, emask, hs, hmask, C, BLOCK_C, H).to(ACC)
+            s = tl.sum(qt * k[None, :, :], 2)  # (BLOCK_E, BLOCK_H)
+            bmask = emask[:, None] & hmask[None, :]
+            ih = i[:, None] * H + hs[None, :]
+            if HAS_BIAS or HAS_VB or HAS_DROPOUT:
+                e = tl.load(tperm_ptr + t, mask=emask, other=0).to(tl.int64)  # CSR positions
+            if HAS_BIAS:
+                bias = tl.load(bias_ptr + e[:, None] * H + hs[None, :], mask=bmask, other=0.0)
+                s += bias.to(ACC)
+            lse = tl.load(lse_ptr + ih, mask=bmask, other=float("-inf")).to(ACC)
+            valid = bmask & (lse != float("-inf"))  # lse = -inf: all weights of i are 0
+            alpha = tl.exp(tl.where(valid, s - tl.where(valid, lse, 0.0), float("-inf")))
+            dot = _load_rows(dout_ptr, i, emask, hs, hmask, CV, BLOCK_CV, H).to(ACC)
+            if HAS_VB:
+                vbt = _load_rows(vb_ptr, e, emask, hs, hmask, CV, BLOCK_CV, H).to(ACC)
+                dp = tl.sum(dot * (v[None, :, :] + vbt), 2)
+            else:
+                dp = tl.sum(dot * v[None, :, :], 2)
+            kept = alpha
+            if HAS_DROPOUT:
+                keep = _keep(e, hs, H, seed_lo, seed_hi, drop_offset, drop_threshold)
+                f = keep.to(ACC) * drop_scale
+                dp = dp * f
+                kept = alpha * f
+            dv += tl.sum(kept[:, :, None] * dot, 0)
+            delta = tl.load(delta_ptr + ih, mask=bmask, other=0.0).to(ACC)
+            ds = alpha * (dp - delta)
+            dk += tl.sum(ds[:, :, None] * qt, 0)
+            b += BLOCK_E
+        hc = hs[:, None] * C + cs[None, :]
+        hcv = hs[:, None] * CV + cvs[None, :]
+        if split:
+            r = tl.load(rank_ptr + c)
+            tl.store(part_k_ptr + r * (H * C) + hc, dk, mask=kmask)
+            tl.store(part_v_ptr + r * (H * CV) + hcv, dv, mask=vmask)
+        else:
+            # k was pre-scaled, so s was right; dk = scale * sum ds q.
+            dk_out = (dk * scale).to(dk_ptr.dtype.element_ty)
+            tl.store(dk_ptr + j * (H * C) + hc, dk_out, mask=kmask)
+            tl.store(dv_ptr + j * (H * CV) + hcv, dv.to(dv_ptr.dtype.element_ty), mask=vmask)
+
+
+@triton.jit
+def _sum_split_rows(
+    split_ptr,
+    chunk_ptr_ptr,
+    chunk_seg_ptr,
+    rank_ptr,
+    part_ptr,  # [S, W] partial rows of split chunks
+    out_ptr,  # [*, W]: row i gets the sum of segment i's partials, times mult
+    scale_ptr,
+    n_slots,
+    W: tl.constexpr,
+    SCALED: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    """Sum the partial rows of each split segment in chunk order (deterministic)."""
+    slot = tl.load(split_ptr + tl.program_id(0))
+    if slot < n_slots:
+        seg = tl.load(chunk_seg_ptr + slot)
+        c0 = tl.load(chunk_ptr_ptr + seg)
+        if slot == c0:
+            c1 = tl.load(chunk_ptr_ptr + seg + 1)
+            r0 = tl.load(rank_ptr + c0)
+            ws = tl.arange(0, BLOCK_W)
+            wmask = ws < W
+            total = tl.zeros([BLOCK_W], ACC)
+            r = r0
+            while r < r0 + (c1 - c0):
+                total += tl.load(part_ptr + r * W + ws, mask=wmask, other=0.0)
+                r += 1
+            if SCALED:
+                total = total * tl.load(scale_ptr)
+            tl.store(out_ptr + seg * W + ws, total.to(out_ptr.dtype.element_ty), mask=wmask)
+
+
+def _bwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+    scale: float,
+    bias: Tensor | None,
+    value_bias: Tensor | None,
+    dropout: Dropout | None,
+    pl: TritonPlan,
+    pl_t: TritonPlan,
+    tperm: Tensor,
+    block_e: int | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+    """The backward's launches, given checked plans: no host synchronisation."""
+    n, h, c = q.shape
+    m, cv = k.shape[0], v.shape[2]
+    e = pl.num_edges
+    fmt = torch.contiguous_format
+    if n * h == 0 or e == 0:  # no edge, no gradient
+        dq, dk, dv = (torch.zeros_like(t, memory_format=fmt) for t in (q, k, v))
+        dbias = torch.zeros_like(bias, memory_format=fmt) if bias is not None else None
+        dvb = torch.zeros_like(value_bias, memory_format=fmt) if value_bias is not None else None
+        return dq, dk, dv, dbias, dvb
+    # Every element is written by a kernel: each target, source and edge
+    # belongs to exactly one program (or to a split row summed once).
+    dq, dk, dv = (torch.empty_like(t, memory_format=fmt) for t in (q, k, v))
+    dbias = torch.empty_like(bias, memory_format=fmt) if bias is not None else None
+    dvb = torch.empty_like(value_bias, memory_format=fmt) if value_bias is not None else None
+    acc_t = acc_dtype(q.dtype)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    grad_out = grad_out.to(q.dtype).contiguous()
+    lse = lse.to(acc_t).contiguous()
+    b = bias.contiguous() if bias is not None else q  # dummy pointers, never read
+    vb = value_bias.contiguous() if value_bias is not None else q
+    db = dbias if dbias is not None else q  # dummy pointers, never written
+    dvb_arg = dvb if dvb is not None else q
+    scales = _scales(scale, dropout, acc_t, q.device)
+    # D_i = sum_c dout_ic out_ic (= sum_j alpha_ij dalpha_ij, with dropout and
+    # value bias too): N x H numbers, one pass over out, shared by both kernels.
+    delta = (grad_out.to(acc_t) * out.to(acc_t)).sum(-1).contiguous()  # (N, H)
+    consts = dict(
+        H=h, C=c, CV=cv, HAS_BIAS=bias is not None, HAS_VB=value_bias is not None,
+        HAS_DROPOUT=dropout is not None, ACC=acc_tl(q.dtype),
+    )  # fmt: skip
+    drop = _dropout_args(dropout)
+
+    blk = _blocks(pl, h, c, cv, block_e)
+    blocks = dict(BLOCK_E=blk.block_e, BLOCK_H=blk.block_h, BLOCK_C=blk.block_c)
+    blocks.update(BLOCK_CV=blk.block_cv, CHUNK=pl.chunk)
+    ch = pl.chunks
+    part = torch.empty((ch.split_grid, h, c), dtype=acc_t, device=q.device)
+    _attn_bwd_dq[(ch.grid,)](
+        q, k, v, b, vb, grad_out, lse, delta, dq, db, dvb_arg, scales, pl.ptr, pl.col,
+        ch.chunk_ptr, ch.chunk_seg, ch.rank, part, n, ch.grid, *drop,
+        num_warps=blk.num_warps, **consts, **blocks,
+    )  # fmt: skip
+    if e > pl.chunk:
+        _sum_split(pl, part, dq, scales, True, consts["ACC"])
+
+    if m * h > 0:
+        blk = _blocks(pl_t, h, c, cv, block_e)
+        blocks = dict(BLOCK_E=blk.block_e, BLOCK_H=blk.block_h, BLOCK_C=blk.block_c)
+        blocks.update(BLOCK_CV=blk.block_cv, CHUNK=pl_t.chunk)
+        ch = pl_t.chunks
+        part_k = torch.empty((ch.split_grid, h, c), dtype=acc_t, device=q.device)
+        part_v = torch.empty((ch.split_grid, h, cv), dtype=acc_t, device=q.device)
+        _attn_bwd_dkdv[(ch.grid,)](
+            q, k, v, b, vb, grad_out, lse, delta, dk, dv, scales, pl_t.ptr, pl_t.col, tperm,
+            ch.chunk_ptr, ch.chunk_seg, ch.rank, part_k, part_v, m, ch.grid, *drop,
+            num_warps=blk.num_warps, **consts, **blocks,
+        )  # fmt: skip
+        if e > pl_t.chunk:
+            _sum_split(pl_t, part_k, dk, scales, True, consts["ACC"])
+            _sum_split(pl_t, part_v, dv, scales, False, consts["ACC"])
+    return dq, dk, dv, dbias, dvb
+
+
+def _sum_split(
+    pl: TritonPlan, part: Tensor, out: Tensor, scales: Tensor, scaled: bool, acc: tl.dtype
+) -> None:
+    w = math.prod(part.shape[1:])
+    ch = pl.chunks
+    _sum_split_rows[(ch.split_grid,)](
+        ch.split, ch.chunk_ptr, ch.chunk_seg, ch.rank, part, out, scales, ch.grid,
+        W=w, SCALED=scaled, ACC=acc, BLOCK_W=triton.next_power_of_2(max(w, 1)),
+    )  # fmt: skip
+
+
+def attention_bwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor | None,
+    lse: Tensor,
+    grad_out: Tensor,
+    ptr: Tensor,
+    col: Tensor,
+    scale: float,
+    bias: Tensor | None = None,
+    *,
+    value_bias: Tensor | None = None,
+    dropout: Dropout | None = None,
+    csc: tuple[Tensor, Tensor, Tensor] | None = None,
+    plan: TritonPlan | None = None,
+    csc_plan: TritonPlan | None = None,
+    block_e: int | None = None,
+    split_blocks: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+    """Gradients of :func:`.attention_fwd` w.r.t. ``q``, ``k``, ``v``, ``bias``, ``value_bias``.
+
+    Args:
+        q: ``[N, H, C]``, as in the forward.
+        k: ``[M, H, C]``.
+        v: ``[M, H, Cv]``.
+        out: ``[N, H, Cv]`` the forward output, or ``None`` (recomputed then:
+            one more forward).
+        lse: ``[N, H]`` the forward log-sum-exp.
+        grad_out: ``[N, H, Cv]`` the gradient of ``out``.
+        ptr: ``[N + 1]`` int64 CSR pointers.
+        col: ``[E]`` int32/int64 sources.
+        scale: as in the forward.
+        bias: the forward's ``[E, H]`` bias, or ``None``.
+        value_bias: the forward's ``[E, H, Cv]`` value bias, or ``None``.
+        dropout: the forward's dropout (the same key: the mask is regenerated).
+        csc: the transposed CSR ``(tptr, trow, tperm)`` of the graph
+            (:attr:`gnnattn.AttentionGraph.csc`); built here when not given
+            (not allowed with ``csc_plan``, whose ``perm`` it supplies).
+        plan: :func:`~gnnattn.kernels.chunks.plan` of ``(ptr, col, M)``, as in
+            :func:`.attention_fwd`.
+        csc_plan: :func:`~gnnattn.kernels.chunks.plan` of ``(tptr, trow, N)``. With
+            both plans the call never synchronises with the device.
+        block_e: as in :func:`.attention_fwd`.
+        split_blocks: as in :func:`.attention_fwd` (targets in the ``dq``
+            pass, sources in the ``dk``/``dv`` pass); not with plans.
+
+    Returns:
+        ``dq``, ``dk``, ``dv`` (typed like ``q``, ``k``, ``v``), ``dbias``
+        ``[E, H]`` (typed like ``bias``; ``None`` without a bias) and
+        ``dvalue_bias`` ``[E, H, Cv]`` (typed like ``value_bias``; ``None``
+        without one).
+    """
+    _check_inputs(q, k, v, ptr, col, bias, value_bias, dropout)
+    n, h, c = q.shape
+    m, cv = k.shape[0], v.shape[2]
+    e = col.numel()
+    named = (("grad_out", grad_out, (n, h, cv)), ("lse", lse, (n, h)))
+    for name, t, shape in (*named, ("out", out, (n, h, cv))):
+        if t is not None and (tuple(t.shape) != shape or t.device != q.device):
+            raise ValueError(
+                f"Expected '{name}' of shape {list(shape)} on {q.device}, got "
+                f"{list(t.shape)} on {t.device}"
+            )
+    dims = (h, c, cv)
+    if plan is None:
+        plan = _plan_now(ptr, col, m, dims, block_e, split_blocks)
+    else:
+        plan = _check_plan(plan, "plan", n, e, m, q.device, split_blocks)
+    if csc_plan is None:
+        if csc is None:
+            tr = transpose_csr(plan.ptr, plan.col, m)
+            csc = (tr.ptr, tr.row, tr.perm)
+        tptr, trow, tperm = _check_csc(csc, m, e, q.device)
+        check_index(tperm, e, "csc")  # positions index bias and value bias: checked too
+        csc_plan = _plan_now(tptr, trow, n, dims, block_e, split_blocks)
+    else:
+        csc_plan = _check_plan(csc_plan, "csc_plan", m, e, n, q.device, split_blocks)
+        if csc is None:
+            raise ValueError("Expected 'csc' with 'csc_plan' (its perm, the CSR positions)")
+        tperm = _check_csc(csc, m, e, q.device)[2]
+    if out is None:
+        out, _ = _fwd(q, k, v, scale, bias, value_bias, dropout, plan, block_e)
+    return _bwd(
+        q, k, v, out, lse, grad_out, scale, bias, value_bias, dropout, plan, csc_plan, tperm,
+        block_e,
+    )  # fmt: skip

@@ -1,0 +1,294 @@
+"""The forward: a kernel per chunk, a kernel to merge split targets, their launcher.
+
+* ``_attn_fwd``: one program per chunk of one destination ``i``, for all heads
+  at once (:mod:`._tiles`). The program walks its edges in blocks of
+  ``BLOCK_E`` with the online softmax of FlashAttention (a running max ``m``
+  and sum ``l`` per head, the accumulator ``acc = sum p_j v_j`` rescaled by
+  ``exp(m_old - m_new)``). Scores live only in registers: nothing of size
+  ``E x C`` or ``E x H`` is written. It saves ``lse = m + log(l)``.
+* ``_attn_fwd_combine``: a destination with more in-edges than the plan's
+  chunk is cut into chunks (:mod:`gnnattn.kernels.chunks`); each chunk leaves
+  its partial ``(m, l, acc)`` and this kernel merges them once per target.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..chunks import TritonPlan, acc_tl, chunk_range
+from ..common import Dropout, acc_dtype
+from ._launch import _check_inputs, _check_plan, _plan_now, _scales
+from ._random import _dropout_args, _keep
+from ._tiles import _NO_SPECIALISE, _blocks, _load_rows
+
+__all__ = ["attention_fwd"]
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALISE)
+def _attn_fwd(
+    q_ptr,  # [N, H, C]
+    k_ptr,  # [M, H, C]
+    v_ptr,  # [M, H, CV]
+    bias_ptr,  # [E, H] (unused unless HAS_BIAS)
+    vb_ptr,  # [E, H, CV] value bias (unused unless HAS_VB)
+    out_ptr,  # [N, H, CV]
+    lse_ptr,  # [N, H] float32 (float64)
+    scale_ptr,  # [2] the scale and the dropout's 1 / (1 - p), in the accumulation dtype
+    ptr_ptr,  # [N + 1] int64
+    col_ptr,  # [E] int32 / int64
+    chunk_ptr_ptr,  # [N + 1] int64: the chunks of target i
+    chunk_seg_ptr,  # [G] int64: the target of each chunk slot (N past the end)
+    rank_ptr,  # [G] int64: where a split chunk keeps its partials
+    part_m_ptr,  # [S, H] partial max of split chunks
+    part_l_ptr,  # [S, H] partial sum of exp, relative to the partial max
+    part_acc_ptr,  # [S, H, CV] partial sum of p v
+    n_seg,
+    n_slots,
+    seed_lo,
+    seed_hi,
+    drop_offset,
+    drop_threshold,
+    H: tl.constexpr,
+    C: tl.constexpr,
+    CV: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_VB: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_CV: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    c = tl.program_id(0).to(tl.int64)
+    i, start, end, split = chunk_range(
+        c, n_slots, ptr_ptr, chunk_ptr_ptr, chunk_seg_ptr, n_seg, CHUNK
+    )
+    if i < n_seg:
+        hs = tl.arange(0, BLOCK_H)
+        hmask = hs < H  # head padding
+        cs = tl.arange(0, BLOCK_C)
+        cvs = tl.arange(0, BLOCK_CV)
+        qmask = hmask[:, None] & (cs < C)[None, :]
+        # The scale folded into q once, in the accumulation dtype.
+        scale = tl.load(scale_ptr)
+        drop_scale = tl.load(scale_ptr + 1)
+        q = tl.load(q_ptr + i * (H * C) + hs[:, None] * C + cs[None, :], mask=qmask, other=0.0)
+        q = q.to(ACC) * scale  # (BLOCK_H, BLOCK_C)
+
+        m = tl.full([BLOCK_H], float("-inf"), ACC)
+        m_safe = tl.zeros([BLOCK_H], ACC)
+        l_sum = tl.zeros([BLOCK_H], ACC)
+        acc = tl.zeros([BLOCK_H, BLOCK_CV], ACC)
+        b = start
+        while b < end:
+            edges = b + tl.arange(0, BLOCK_E)
+            emask = edges < end  # the tail of the last block
+            # One col load per edge serves every head; row 0 keeps masked
+            # lanes' gathers in bounds.
+            j = tl.load(col_ptr + edges, mask=emask, other=0).to(tl.int64)
+            kt = _load_rows(k_ptr, j, emask, hs, hmask, C, BLOCK_C, H).to(ACC)
+            s = tl.sum(kt * q[None, :, :], 2)  # (BLOCK_E, BLOCK_H)
+            if HAS_BIAS:
+                bmask = emask[:, None] & hmask[None, :]
+                bias = tl.load(bias_ptr + edges[:, None] * H + hs[None, :], mask=bmask, other=0.0)
+                s += bias.to(ACC)
+            s = tl.where(emask[:, None], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 0))
+            # All scores so far -inf: shift by 0, so exp gives 0 and never NaN.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(s - m_safe[None, :])  # (BLOCK_E, BLOCK_H)
+            corr = tl.exp(m - m_safe)  # 0 while nothing was accumulated
+            l_sum = l_sum * corr + tl.sum(p, 0)  # undropped: the normaliser
+            if HAS_DROPOUT:
+                # A product, not a select: a NaN weight stays NaN when dropped.
+                keep = _keep(edges, hs, H, seed_lo, seed_hi, drop_offset, drop_threshold)
+                p = p * (keep.to(ACC) * drop_scale)
+            vt = _load_rows(v_ptr, j, emask, hs, hmask, CV, BLOCK_CV, H).to(ACC)
+            if HAS_VB:
+                vt += _load_rows(vb_ptr, edges, emask, hs, hmask, CV, BLOCK_CV, H).to(ACC)
+            acc = acc * corr[:, None] + tl.sum(p[:, :, None] * vt, 0)
+            m = m_new
+            b += BLOCK_E
+
+        omask = hmask[:, None] & (cvs < CV)[None, :]
+        if split:
+            # A split target: (max, sum, acc) of this chunk for the combine kernel.
+            r = tl.load(rank_ptr + c)
+            tl.store(part_m_ptr + r * H + hs, m, mask=hmask)
+            tl.store(part_l_ptr + r * H + hs, l_sum, mask=hmask)
+            p_offs = r * (H * CV) + hs[:, None] * CV + cvs[None, :]
+            tl.store(part_acc_ptr + p_offs, acc, mask=omask)
+        else:
+            # Only a zero sum (no finite score) is replaced: out = 0, lse = -inf.
+            # A NaN sum is divided by, so NaN propagates.
+            zero = l_sum == 0
+            denom = tl.where(zero, 1.0, l_sum)
+            out = acc / denom[:, None]
+            o_offs = i * (H * CV) + hs[:, None] * CV + cvs[None, :]
+            tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=omask)
+            lse = tl.where(zero, float("-inf"), m_safe + tl.log(denom))
+            tl.store(lse_ptr + i * H + hs, lse, mask=hmask)
+
+
+@triton.jit
+def _attn_fwd_combine(
+    split_ptr,  # [S] int64: slots of split chunks, then the sentinel G
+    chunk_ptr_ptr,
+    chunk_seg_ptr,
+    rank_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    out_ptr,
+    lse_ptr,
+    n_slots,
+    H: tl.constexpr,
+    CV: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_CV: tl.constexpr,
+):
+    """Merge the partials of each split target, once (its first chunk's program)."""
+    slot = tl.load(split_ptr + tl.program_id(0))
+    if slot < n_slots:
+        i = tl.load(chunk_seg_ptr + slot)
+        c0 = tl.load(chunk_ptr_ptr + i)
+        if slot == c0:
+            c1 = tl.load(chunk_ptr_ptr + i + 1)
+            r0 = tl.load(rank_ptr + c0)
+            hs = tl.arange(0, BLOCK_H)
+            hmask = hs < H
+            cvs = tl.arange(0, BLOCK_CV)
+            omask = hmask[:, None] & (cvs < CV)[None, :]
+            hc = hs[:, None] * CV + cvs[None, :]
+            m = tl.full([BLOCK_H], float("-inf"), ACC)
+            l_sum = tl.zeros([BLOCK_H], ACC)
+            acc = tl.zeros([BLOCK_H, BLOCK_CV], ACC)
+            r = r0
+            while r < r0 + (c1 - c0):  # a target's chunks have consecutive ranks
+                pm = tl.load(part_m_ptr + r * H + hs, mask=hmask, other=float("-inf"))
+                pl = tl.load(part_l_ptr + r * H + hs, mask=hmask, other=0.0)
+                pa = tl.load(part_acc_ptr + r * (H * CV) + hc, mask=omask, other=0.0)
+                m_new = tl.maximum(m, pm)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                # Each partial is relative to its own safe shift (0 if all -inf,
+                # where its sums are 0 anyway).
+                pm_safe = tl.where(pm == float("-inf"), 0.0, pm)
+                m_old_safe = tl.where(m == float("-inf"), 0.0, m)
+                a_old = tl.where(m == float("-inf"), 0.0, tl.exp(m_old_safe - m_safe))
+                a_new = tl.where(pm == float("-inf"), 0.0, tl.exp(pm_safe - m_safe))
+                l_sum = l_sum * a_old + pl * a_new
+                acc = acc * a_old[:, None] + pa * a_new[:, None]
+                m = m_new
+                r += 1
+            zero = l_sum == 0  # as in _attn_fwd: a NaN sum propagates
+            denom = tl.where(zero, 1.0, l_sum)
+            m_safe = tl.where(m == float("-inf"), 0.0, m)
+            out = acc / denom[:, None]
+            tl.store(out_ptr + i * (H * CV) + hc, out.to(out_ptr.dtype.element_ty), mask=omask)
+            lse = tl.where(zero, float("-inf"), m_safe + tl.log(denom))
+            tl.store(lse_ptr + i * H + hs, lse, mask=hmask)
+
+
+def _fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    bias: Tensor | None,
+    value_bias: Tensor | None,
+    dropout: Dropout | None,
+    pl: TritonPlan,
+    block_e: int | None,
+) -> tuple[Tensor, Tensor]:
+    """The forward's launches, given a checked plan: no host synchronisation."""
+    n, h, c = q.shape
+    cv = v.shape[2]
+    acc_t = acc_dtype(q.dtype)
+    out = torch.empty((n, h, cv), dtype=q.dtype, device=q.device)
+    lse = torch.empty((n, h), dtype=acc_t, device=q.device)
+    if n * h == 0:
+        return out, lse
+    if pl.num_edges == 0:  # no edges: zero outputs, lse = -inf (no launch needed)
+        return out.zero_(), lse.fill_(float("-inf"))
+    blk = _blocks(pl, h, c, cv, block_e)
+    ch = pl.chunks
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    b = bias.contiguous() if bias is not None else q  # a dummy pointer, never read
+    vb = value_bias.contiguous() if value_bias is not None else q  # likewise
+    scales = _scales(scale, dropout, acc_t, q.device)
+    part_m = torch.empty((ch.split_grid, h), dtype=acc_t, device=q.device)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty((ch.split_grid, h, cv), dtype=acc_t, device=q.device)
+    shape = dict(H=h, CV=cv, ACC=acc_tl(q.dtype))
+    blocks = dict(BLOCK_H=blk.block_h, BLOCK_CV=blk.block_cv)
+    _attn_fwd[(ch.grid,)](
+        q, k, v, b, vb, out, lse, scales, pl.ptr, pl.col, ch.chunk_ptr, ch.chunk_seg, ch.rank,
+        part_m, part_l, part_acc, n, ch.grid, *_dropout_args(dropout), C=c,
+        HAS_BIAS=bias is not None, HAS_VB=value_bias is not None,
+        HAS_DROPOUT=dropout is not None, BLOCK_E=blk.block_e, BLOCK_C=blk.block_c,
+        CHUNK=pl.chunk, num_warps=blk.num_warps, **shape, **blocks,
+    )  # fmt: skip
+    if pl.num_edges > pl.chunk:  # otherwise no target can have two chunks
+        _attn_fwd_combine[(ch.split_grid,)](
+            ch.split, ch.chunk_ptr, ch.chunk_seg, ch.rank, part_m, part_l, part_acc,
+            out, lse, ch.grid, **shape, **blocks,
+        )  # fmt: skip
+    return out, lse
+
+
+def attention_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ptr: Tensor,
+    col: Tensor,
+    scale: float,
+    bias: Tensor | None = None,
+    *,
+    value_bias: Tensor | None = None,
+    dropout: Dropout | None = None,
+    plan: TritonPlan | None = None,
+    block_e: int | None = None,
+    split_blocks: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Sparse attention over a destination-sorted CSR graph (one fused kernel).
+
+    Args:
+        q: ``[N, H, C]`` queries of the targets.
+        k: ``[M, H, C]`` keys of the sources.
+        v: ``[M, H, Cv]`` values of the sources.
+        ptr: ``[N + 1]`` int64 CSR pointers (incoming edges per target).
+        col: ``[E]`` int32/int64 source of each edge.
+        scale: multiplies ``q . k``.
+        bias: optional ``[E, H]`` additive score bias (``-inf`` masks an edge).
+        value_bias: optional ``[E, H, Cv]`` added to ``v_j`` on each edge.
+        dropout: optional attention dropout (:class:`~gnnattn.kernels.common.Dropout`).
+        plan: :func:`~gnnattn.kernels.chunks.plan` of ``(ptr, col, M)``: then nothing is read on the
+            host and the call never synchronises; its ``ptr``/``col`` are the
+            ones used. Made here (checks included) when not given.
+        block_e: edges per tile (a power of two); default from the mean degree.
+        split_blocks: without ``plan``, a target with more than ``block_e *
+            split_blocks`` edges is split across programs whose partials are
+            merged (default: chunks of :data:`~gnnattn.kernels.chunks.DEFAULT_CHUNK`).
+
+    Returns:
+        ``out`` ``[N, H, Cv]`` in ``q``'s dtype and ``lse`` ``[N, H]`` float32
+        (float64 for float64; ``-inf`` where the target has no finite score).
+
+    Raises:
+        ValueError: on shapes that do not fit, another device, ``ptr`` that
+            does not describe ``E`` edges or ``col`` ids out of range.
+    """
+    _check_inputs(q, k, v, ptr, col, bias, value_bias, dropout)
+    n, m = q.shape[0], k.shape[0]
+    if plan is None:
+        plan = _plan_now(ptr, col, m, (q.shape[1], q.shape[2], v.shape[2]), block_e, split_blocks)
+    else:
+        plan = _check_plan(plan, "plan", n, col.numel(), m, q.device, split_blocks)
+    return _fwd(q, k, v, scale, bias, value_bias, dropout, plan, block_e)
