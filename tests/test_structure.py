@@ -18,8 +18,6 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gnnattn"
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 80
 
-# Temporary: the viz branch splits these two; remove the entries when it lands.
-LONG_FUNCTIONS_ALLOWED = frozenset({"viz/draw.py::draw_attention", "viz/explorer.py::explore"})
 
 # What each layer must never import (each name covers its submodules).
 FORBIDDEN: dict[str, tuple[str, ...]] = {
@@ -95,15 +93,9 @@ def test_no_function_over_the_limit_outside_kernels() -> None:
         if rel.startswith("kernels/"):
             continue  # a Triton or numba kernel is one loop nest, kept whole
         for name, line, length in _functions(path):
-            if length > MAX_FUNCTION_LINES and f"{rel}::{name}" not in LONG_FUNCTIONS_ALLOWED:
+            if length > MAX_FUNCTION_LINES:
                 long[f"{rel}:{line} {name}"] = length
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
-
-
-def test_allowed_long_functions_still_exist() -> None:
-    """An entry whose function is gone (or renamed) must leave the list too."""
-    found = {f"{_rel(p)}::{name}" for p in _sources() for name, _, _ in _functions(p)}
-    assert LONG_FUNCTIONS_ALLOWED <= found
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
