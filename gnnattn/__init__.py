@@ -22,6 +22,7 @@ from .graphs import (
     to_csr,
 )
 from .nn import (
+    GPSConv,
     GraphPositionalEncoding,
     GraphTransformer,
     GraphTransformerLayer,
@@ -44,6 +45,7 @@ __all__ = [
     "backend_for",
     "CSR",
     "Structure",
+    "GPSConv",
     "GraphPositionalEncoding",
     "GraphTransformer",
     "GraphTransformerLayer",

@@ -119,3 +119,23 @@ def test_cuda_timing_uses_events_and_cpu_timing_the_clock():
     if torch.cuda.is_available():
         seconds, out = timed(lambda: torch.ones(3, device="cuda").sum(), torch.device("cuda"))
         assert seconds > 0 and out.item() == 3
+
+
+def test_pyg_suite_gps_rows(tmp_path):
+    path = tmp_path / "bench.json"
+    argv = ["bench", "--quick", "--suite", "pyg", "--no-memory", "--json", str(path)]
+    assert main(argv) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert {r["suite"] for r in rows} == {"pyg"}
+    gps = [r for r in rows if "GPSConv" in r["case"]]
+    assert {r["mode"] for r in gps} == {"fwd", "fwdbwd"}
+    by = {(r["mode"], r["candidate"]): r for r in gps}
+    for mode in ("fwd", "fwdbwd"):
+        base = by[mode, "PyG GPSConv"]
+        assert base["baseline"] == "PyG GPSConv" and base["ratio"] == 1.0
+        for name in ("gnnattn GPSConv (auto)", "gnnattn GPSConv (fused)"):
+            r = by[mode, name]
+            assert r["status"] == "ok" and r["max_abs_diff"] < 1e-4, r
+        assert "auto took '" in by[mode, "gnnattn GPSConv (auto)"]["note"]
+    # The sizes are skewed, and the case says how much padding PyG's layer attends over.
+    assert "(skewed)" in gps[0]["case"] and "padded:" in gps[0]["case"]

@@ -2,6 +2,7 @@
 
 from .conv import SelfAttentionConv
 from .dropout import Dropout
+from .gps import GPSConv
 from .positional import (
     GraphPositionalEncoding,
     LearnedPositionalEncoding,
@@ -13,6 +14,7 @@ from .transformer import GraphTransformer, GraphTransformerLayer
 
 __all__ = [
     "Dropout",
+    "GPSConv",
     "GraphPositionalEncoding",
     "GraphTransformer",
     "GraphTransformerLayer",

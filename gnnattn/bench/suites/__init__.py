@@ -17,6 +17,7 @@ from ..harness import BenchConfig, Case
 from .dense import causal_cases, complete_cases, edge_index_cases
 from .limit import limit_cases
 from .models import model_cases
+from .pyg import pyg_cases
 from .reorder import reorder_cases
 from .scale import scale_rows
 from .softmax import softmax_cases
@@ -54,6 +55,8 @@ REGISTRY: tuple[Suite, ...] = (
     Suite("models", "GraphTransformer vs nn.TransformerEncoder; causal pruning", model_cases),
     Suite("limit", "each pass of the fused CPU operator vs CSR SpMM, GB/s", limit_cases),
     Suite("reorder", "shuffled vs RCM-reordered ids on a kNN graph and a grid", reorder_cases),
+    Suite("pyg", "gnnattn's drop-in PyG layers vs PyG's, same weights: GPSConv on skewed "
+          "graph sizes", pyg_cases),
     Suite("train", "a GraphTransformer training step (dropout, edge features): auto vs mp",
           rows=train_rows),
     Suite("scale", "N = 1M forward + backward: time and peak RSS (--scale only)",
