@@ -24,8 +24,8 @@ from typing import NoReturn
 
 __all__ = ["DEMO_MAX_TOKENS", "DEMO_OUT", "build_parser", "main"]
 
-#: ``gnnattn demo --text`` is cut to this many tokens: the demo draws the complete
-#: graph (T^2 arrows) and its matrix, which are unreadable (and slow) beyond it.
+#: ``gnnattn demo --text`` is cut to this many tokens: the heatmap (T^2 labelled
+#: cells) and the explorer page (T^2 edges) are unreadable, and slow, beyond it.
 DEMO_MAX_TOKENS = 64
 
 #: Up to this many tokens the demo's graph drawings show every edge; past it, each
@@ -235,7 +235,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if len(tokens) > DEMO_MAX_TOKENS:
         print(
             f"--text has {len(tokens)} tokens; the demo takes the first {DEMO_MAX_TOKENS} "
-            f"(its maximum: it draws all T^2 edges)"
+            f"(its maximum: the heatmap and the page show all T^2 edges)"
         )
         tokens = tokens[:DEMO_MAX_TOKENS]
     out = args.out
