@@ -22,8 +22,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import pickle
 import sys
 import tempfile
+import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -144,20 +147,104 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
             os.close(dfd)
 
 
-def read_checkpoint(path: Path) -> dict[str, Any] | None:
+# ---- what a checkpoint's fields must hold: (test, what the message says was expected)
+
+Field = tuple[Callable[[Any], bool], str]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_tensor_dict(v: Any) -> bool:
+    return isinstance(v, dict) and all(
+        isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in v.items()
+    )
+
+
+def _is_rng(v: Any) -> bool:
+    """What :func:`rng_state` writes."""
+    return (
+        isinstance(v, dict)
+        and isinstance(v.get("torch"), torch.Tensor)
+        and v["torch"].dtype == torch.uint8
+        and isinstance(v.get("cuda"), list)
+        and all(isinstance(t, torch.Tensor) for t in v["cuda"])
+        and isinstance(v.get("data"), list)
+        and all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in v["data"])
+    )
+
+
+#: The fields of every checkpoint; a script adds its own (``read_checkpoint(fields=...)``).
+COMMON_FIELDS: Mapping[str, Field] = {
+    "config": (
+        lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+        "a dict of settings keyed by name",
+    ),
+    "step": (lambda v: _is_int(v) and v >= 0, "an int >= 0"),
+    "model": (_is_tensor_dict, "a state dict (names to tensors)"),
+    "optimizer": (
+        lambda v: (
+            isinstance(v, dict)
+            and isinstance(v.get("state"), dict)
+            and isinstance(v.get("param_groups"), list)
+            and all(isinstance(g, dict) for g in v["param_groups"])
+        ),
+        "an optimizer state dict (with 'state' and a list of 'param_groups')",
+    ),
+}
+
+#: Field checks the scripts share.
+RNG_FIELD: Field = (_is_rng, "random states {'torch': uint8 tensor, 'cuda': [...], 'data': [...]}")
+RNG_PER_RANK_FIELD: Field = (
+    lambda v: isinstance(v, list) and len(v) > 0 and all(_is_rng(r) for r in v),
+    "a list of random states, one per rank",
+)
+NUMBER_FIELD: Field = (_is_number, "a number")
+
+
+def _got(v: Any) -> str:
+    """A short description of a bad value: its type and the start of its repr."""
+    text = repr(v)
+    return f"{type(v).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def read_checkpoint(path: Path, fields: Mapping[str, Field] | None = None) -> dict[str, Any] | None:
     """The checkpoint at ``path``, or ``None`` when there is no such file.
+
+    Loaded with ``weights_only=True`` (a checkpoint is data, never code to run),
+    then checked field by field: :data:`COMMON_FIELDS` and the script's
+    ``fields``, so that a file of the right format but wrong contents is refused
+    here, by name, and not by a ``TypeError`` deep in the resumed run.
 
     Raises:
         ValueError: the file exists but is not a readable checkpoint of this
-            format (truncated, another kind of file, an older layout); the
-            message names the file.
+            format (truncated, another kind of file, an older layout, objects
+            that are not plain data, a field missing or of the wrong kind); the
+            message names the file and, for a bad field, the field.
     """
     path = Path(path)
     if not path.exists():
         return None
     try:
-        # weights_only: a checkpoint is data, never code to run.
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # Its "pickle protocol" notice says nothing the error below does not.
+            warnings.simplefilter("ignore", UserWarning)
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        # torch's message here advises loading again with weights_only=False, which
+        # would run whatever code the file holds: never passed on, nor chained.
+        # (Garbage bytes land here too: the legacy format is tried as a pickle.)
+        raise ValueError(
+            f"Checkpoint {path} is unreadable (truncated, or not a checkpoint): it is not "
+            f"plain data (tensors, numbers, strings and containers of them), and a checkpoint "
+            f"is never loaded as code. Delete it to start a new run, or pass another file to "
+            f"--resume"
+        ) from None
     except Exception as e:
         first_line = (str(e).strip().splitlines() or [""])[0]  # torch's can run to pages
         raise ValueError(
@@ -171,7 +258,28 @@ def read_checkpoint(path: Path) -> dict[str, Any] | None:
             f"Checkpoint {path} is not a checkpoint of these examples: expected a dict with "
             f"format={FORMAT}, got {got!r}"
         )
+    for name, (ok, expected) in {**COMMON_FIELDS, **(fields or {})}.items():
+        if name not in ckpt:
+            raise ValueError(f"Checkpoint {path} has no field {name!r} (expected {expected})")
+        if not ok(ckpt[name]):
+            raise ValueError(
+                f"Checkpoint {path}: field {name!r}: expected {expected}, got {_got(ckpt[name])}"
+            )
     return ckpt
+
+
+def load_field(path: Path, name: str, load: Callable[[], Any]) -> None:
+    """Run ``load()`` (an optimizer's, a scheduler's ``load_state_dict`` or the like),
+    turning torch's errors about the field's contents into a ``ValueError`` that
+    names ``path`` and the field ``name``."""
+    try:
+        load()
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(
+            f"Checkpoint {path}: field {name!r} does not fit this run: "
+            f"{type(e).__name__}: {first_line}"
+        ) from e
 
 
 def _describe(key: str, saved: Any, current: Any) -> str:

@@ -46,6 +46,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from common import (  # examples/common.py, next to this file
+    NUMBER_FIELD,
+    RNG_PER_RANK_FIELD,
     check_config,
     fail_once,
     load_model_state,
@@ -62,6 +64,8 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 CKPT_NAME = "ddp_ckpt.pt"  # in --out; always the latest (replaced atomically by rank 0)
+#: This script's checkpoint fields, beyond those of every checkpoint (``common.COMMON_FIELDS``).
+CKPT_FIELDS = {"rng": RNG_PER_RANK_FIELD, "loss_start": NUMBER_FIELD}
 
 
 def param_digest(model: torch.nn.Module) -> str:
@@ -186,7 +190,7 @@ def resume(path: Path | None, config: dict, model: torch.nn.Module) -> dict | No
     found: list = [None]
     if rank == 0:
         try:
-            found[0] = read_checkpoint(path)
+            found[0] = read_checkpoint(path, CKPT_FIELDS)
         except ValueError as e:
             found[0] = str(e)
         if found[0] is None:

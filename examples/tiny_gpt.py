@@ -36,8 +36,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from common import (  # examples/common.py, next to this file
+    NUMBER_FIELD,
+    RNG_FIELD,
     check_config,
     fail_once,
+    load_field,
     load_model_state,
     parse_training_args,
     read_checkpoint,
@@ -56,6 +59,33 @@ from gnnattn.viz import draw_attention, explore
 
 DATA = Path(__file__).resolve().parent / "data" / "sonnets.txt"
 CKPT_NAME = "tiny_gpt_ckpt.pt"  # in --out; always the latest (replaced atomically)
+
+#: This script's checkpoint fields, beyond those of every checkpoint (``common.COMMON_FIELDS``).
+CKPT_FIELDS = {
+    "scheduler": (lambda v: isinstance(v, dict), "an LR scheduler state dict"),
+    "rng": RNG_FIELD,
+    "steps": (
+        lambda v: isinstance(v, list) and all(type(s) is int for s in v),
+        "a list of step numbers",
+    ),
+    "losses": (
+        lambda v: isinstance(v, list) and all(NUMBER_FIELD[0](x) for x in v),
+        "a list of losses",
+    ),
+    "val": (
+        lambda v: (
+            isinstance(v, list)
+            and all(
+                isinstance(p, (list, tuple))
+                and len(p) == 2
+                and type(p[0]) is int
+                and NUMBER_FIELD[0](p[1])
+                for p in v
+            )
+        ),
+        "a list of (step, loss) pairs",
+    ),
+}
 
 
 def sequences(b: int, t: int, device: torch.device | str | None = None) -> AttentionGraph:
@@ -203,10 +233,10 @@ class Run:
     def resume(self, ckpt: dict, config: dict, path: Path) -> None:
         check_config(ckpt, config, path)
         load_model_state(self.model, ckpt["model"], path)
-        self.opt.load_state_dict(ckpt["optimizer"])
-        self.sched.load_state_dict(ckpt["scheduler"])
+        load_field(path, "optimizer", lambda: self.opt.load_state_dict(ckpt["optimizer"]))
+        load_field(path, "scheduler", lambda: self.sched.load_state_dict(ckpt["scheduler"]))
         # Last: building the model drew from torch's generator.
-        set_rng_state(ckpt["rng"], self.gen)
+        load_field(path, "rng", lambda: set_rng_state(ckpt["rng"], self.gen))
         self.start = ckpt["step"]
         self.steps, self.losses, self.val = ckpt["steps"], ckpt["losses"], ckpt["val"]
 
@@ -322,7 +352,7 @@ def build(args, vocab_size: int) -> Run:
 
 def start(run: Run, args, config: dict, text: Text) -> None:
     """Continue from the checkpoint of --resume if there is one; else evaluate step 0."""
-    ckpt = read_checkpoint(args.resume) if args.resume is not None else None
+    ckpt = read_checkpoint(args.resume, CKPT_FIELDS) if args.resume is not None else None
     if ckpt is not None:
         run.resume(ckpt, config, args.resume)
         print(f"resumed from {args.resume} at step {run.start}")

@@ -9,6 +9,7 @@ object that owns them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from typing import Any
 
@@ -39,9 +40,26 @@ def check_int(value: Any, name: str, *, min: int = 0, optional: bool = False) ->
 
 
 def check_float(
-    value: Any, name: str, *, lo: float | None = None, hi: float | None = None
+    value: Any,
+    name: str,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    finite: bool = False,
 ) -> float:
-    """``value`` as a ``float``, after checking it is a real number (not NaN) in ``[lo, hi)``."""
+    """``value`` as a ``float``, after checking it is a real number (not NaN) in ``[lo, hi)``
+    (and, with ``finite``, neither ``inf`` nor ``-inf``).
+
+    Example:
+        >>> check_float(float("nan"), "dropout", lo=0.0, hi=1.0)
+        Traceback (most recent call last):
+        ...
+        ValueError: Expected 'dropout' in [0, 1), got nan
+        >>> check_float(float("inf"), "scale", finite=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: Expected 'scale' to be a finite float, got inf
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"Expected '{name}' to be a float, got {type(value).__name__}")
     if value != value or (lo is not None and value < lo) or (hi is not None and value >= hi):
@@ -49,6 +67,8 @@ def check_float(
             f"Expected '{name}' in [{'-inf' if lo is None else f'{lo:g}'}, "
             f"{'inf' if hi is None else f'{hi:g}'}), got {value}"
         )
+    if finite and not math.isfinite(value):
+        raise ValueError(f"Expected '{name}' to be a finite float, got {value}")
     return float(value)
 
 

@@ -2,19 +2,129 @@
 
 Each subcommand is a ``_cmd_NAME(args) -> int`` function registered in
 :func:`build_parser`; heavier modules are imported inside the command so that
-``gnnattn --help`` stays fast. A ``ValueError`` out of a command is a user
-error (a bad option value): :func:`main` prints it as one line,
-``gnnattn COMMAND: message``, on stderr and returns 2, as argparse does for
-its own errors.
+``gnnattn --help`` stays fast.
+
+User errors never end in a traceback: an option out of range, a path that
+cannot be a folder, a device that is not there are refused while parsing (the
+``type=`` functions below), and a ``ValueError`` out of a command (a
+combination of options the library refuses) is caught in :func:`main`. Both
+print one line, ``gnnattn COMMAND: message``, on stderr and end with status 2,
+argparse's convention (the parser's usage text is left out: ``--help`` shows
+it).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
-__all__ = ["build_parser", "main"]
+__all__ = ["DEMO_MAX_TOKENS", "DEMO_OUT", "build_parser", "main"]
+
+#: ``gnnattn demo --text`` is cut to this many tokens: the heatmap (T^2 labelled
+#: cells) and the explorer page (T^2 edges) are unreadable, and slow, beyond it.
+DEMO_MAX_TOKENS = 64
+
+#: Up to this many tokens the demo's graph drawings show every edge; past it, each
+#: target's DEMO_DRAW_TOP_K heaviest.
+DEMO_DRAW_ALL = 8
+DEMO_DRAW_TOP_K = 3
+
+#: The demo's output folder when ``--out`` is not given (as the README says).
+DEMO_OUT = "gnnattn-demo-out"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line on stderr (no usage text) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def _int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type=``: an int in ``[lo, hi]`` (no upper bound when ``hi`` is None)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            want = f"an int >= {lo}" if hi is None else f"an int in [{lo}, {hi}]"
+            raise argparse.ArgumentTypeError(f"expected {want}, got {value}")
+        return value
+
+    return parse
+
+
+#: The largest --tokens of ``gnnattn check`` (float64 on complete graphs of T^2 edges).
+CHECK_MAX_TOKENS = 256
+#: The largest --tokens, --embed-dim and --heads of ``gnnattn compare`` (its float64
+#: reference holds [H, T, T] weights).
+COMPARE_MAX = 1024
+# torch.manual_seed takes seeds up to 2**64 - 1; negative ones are folded in, so refused.
+_SEED = _int_in(0, 2**64 - 1)
+
+
+def _device(text: str) -> str:
+    """An argparse ``type=``: ``cpu``, ``cuda`` or ``cuda:N``, present on this machine."""
+    m = re.fullmatch(r"cpu|cuda(?::(\d+))?", text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    if text != "cpu":
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise argparse.ArgumentTypeError(
+                f"expected a device torch can use, got {text!r}, but torch {torch.__version__} "
+                f"sees no CUDA device"
+            )
+        if m.group(1) is not None and int(m.group(1)) >= count:
+            raise argparse.ArgumentTypeError(
+                f"expected a CUDA device index below {count} (the devices torch sees), got {text!r}"
+            )
+    return text
+
+
+def _first_existing(path: str) -> str:
+    """The longest prefix of ``path`` (itself included) that exists."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    return probe
+
+
+def _out_dir(text: str) -> str:
+    """An argparse ``type=``: a folder that exists or can be made (no file in the way)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a folder, got an empty path")
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"expected a folder, got {text!r}, which is a file")
+    found = _first_existing(text)
+    if not os.path.isdir(found):
+        raise argparse.ArgumentTypeError(
+            f"expected a folder that can be made, got {text!r}: {found!r} is a file"
+        )
+    return text
+
+
+def _out_file(text: str) -> str:
+    """An argparse ``type=``: a file to write, checked before a run of minutes, not after."""
+    if not text or os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"expected a file to write, got {text!r}, a folder")
+    parent = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(
+            f"expected a file in an existing folder, got {text!r} ({parent!r} is not a folder)"
+        )
+    return text
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -109,9 +219,6 @@ def _embed(tokens: list[str], dim: int):
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    import os
-    import tempfile
-
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -125,11 +232,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     tokens = args.text.split()
     if not tokens:
         raise ValueError("--text is empty; give a sentence, e.g. --text 'The bank of the river'")
-    if args.out is None:
-        out = tempfile.mkdtemp(prefix="gnnattn-demo-", dir=os.getcwd())
-    else:
-        out = args.out
+    if len(tokens) > DEMO_MAX_TOKENS:
+        print(
+            f"--text has {len(tokens)} tokens; the demo takes the first {DEMO_MAX_TOKENS} "
+            f"(its maximum: the heatmap and the page show all T^2 edges)"
+        )
+        tokens = tokens[:DEMO_MAX_TOKENS]
+    out = args.out
+    try:
         os.makedirs(out, exist_ok=True)
+    except OSError as err:  # e.g. no permission; the parser ruled out a file in the way
+        raise ValueError(f"--out: expected a folder that can be made, got {out!r}: {err}") from err
     d, h = 16, 2
     x = _embed(tokens, d)
     torch.manual_seed(args.seed)
@@ -146,27 +259,39 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print("\nhead 0, step by step for the last token:")
     print(softmax_steps(q[:, 0], k[:, 0], t - 1, scale=layer.scale, tokens=tokens))
 
-    paths = []
     with torch.no_grad():
         _, (ei, alpha) = layer(x, complete_graph(t), return_attention_weights=True)
         _, (cei, calpha) = layer(x, causal_graph(t), return_attention_weights=True)
-    figs = {
-        "attention_graph.png": draw_attention(ei, alpha, tokens=tokens, head=0).figure,
-        "heatmap.png": draw_heatmap(ei, alpha, tokens=tokens, head=0).figure,
-        "causal_dag.png": draw_attention(cei, calpha, tokens=tokens, head=0).figure,
-        "side_by_side.png": draw_side_by_side(ei, alpha, tokens=tokens, head=0),
-    }
+    # Each arrow costs matplotlib milliseconds (its path is clipped to the node
+    # circles on every draw) and T^2 of them are unreadable anyway: past
+    # DEMO_DRAW_ALL tokens the graph drawings keep each target's heaviest edges,
+    # so their time grows with T, not T^2. The heatmap and the page keep every edge.
+    top_k = None if t <= DEMO_DRAW_ALL else DEMO_DRAW_TOP_K
+    if top_k is not None:
+        print(
+            f"\nthe graph drawings show each token's {top_k} heaviest incoming edges "
+            f"(more than {DEMO_DRAW_ALL} tokens); heatmap.png and explorer.html show all {t * t}"
+        )
+    figs = [
+        (
+            "attention_graph.png",
+            draw_attention(ei, alpha, tokens=tokens, head=0, top_k=top_k).figure,
+        ),
+        ("heatmap.png", draw_heatmap(ei, alpha, tokens=tokens, head=0).figure),
+        ("causal_dag.png", draw_attention(cei, calpha, tokens=tokens, head=0, top_k=top_k).figure),
+        ("side_by_side.png", draw_side_by_side(ei, alpha, tokens=tokens, head=0, top_k=top_k)),
+    ]
     print()
-    for name, fig in figs.items():
+    for name, fig in figs:
         path = os.path.join(out, name)
         fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
-        paths.append(path)
         print(f"wrote {path}")
     # The same weights, every head, in a page to explore; with the scores, so
     # that hovering an edge shows q.k as well as alpha.
     scores = (q[ei[1]] * k[ei[0]]).sum(-1) * layer.scale  # (E, H)
-    page = explore((ei, alpha), tokens=tokens, scores=scores, title=f"gnnattn demo: {args.text}")
+    title = f"gnnattn demo: {' '.join(tokens)}"
+    page = explore((ei, alpha), tokens=tokens, scores=scores, title=title)
     path = os.path.join(out, "explorer.html")
     page.save(path)
     print(f"wrote {path} (open it in a browser: hover the edges, click a token)")
@@ -174,28 +299,36 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gnnattn", description="Transformer self-attention as message passing over a graph."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser(
         "check", help="print graph-vs-dense agreement of every backend on small graphs"
     )
-    check.add_argument("--tokens", type=int, default=12, help="sequence length T (default 12)")
-    check.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    check.add_argument(
+        "--tokens",
+        type=_int_in(1, CHECK_MAX_TOKENS),
+        default=12,
+        help=f"sequence length T, 1 to {CHECK_MAX_TOKENS} (default 12)",
+    )
+    check.add_argument("--seed", type=_SEED, default=0, help="random seed (default 0)")
     check.set_defaults(func=_cmd_check)
     bench = sub.add_parser(
         "bench",
         help="time gnnattn's backends against MultiheadAttention, SDPA, FlexAttention and PyG",
     )
-    bench.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    bench.add_argument("--device", type=_device, default="cpu", help="cpu or cuda (default cpu)")
     bench.add_argument(
         "--quick",
         action="store_true",
         help="smoke-test sizes: checks that every candidate runs; its timings mean nothing",
     )
     bench.add_argument(
-        "--threads", type=int, default=2, help="torch (and numba) CPU threads (default 2)"
+        "--threads",
+        type=_int_in(1, 1024),
+        default=2,
+        help="torch (and numba) CPU threads, at least 1 (default 2)",
     )
     bench.add_argument(
         "--suite",
@@ -209,9 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run the scale suite (N = 1M nodes: minutes, about 6 GB); not with --quick",
     )
-    bench.add_argument("--json", metavar="PATH", help="also write every result to PATH")
     bench.add_argument(
-        "--reps", type=int, default=None, help="fixed number of interleaved repetitions"
+        "--json", metavar="PATH", type=_out_file, help="also write every result to PATH"
+    )
+    bench.add_argument(
+        "--reps",
+        type=_int_in(1, 10_000),
+        default=None,
+        help="fixed number of interleaved repetitions (at least 1)",
     )
     bench.add_argument(
         "--no-memory", action="store_true", help="skip the peak-memory call of each candidate"
@@ -221,9 +359,24 @@ def build_parser() -> argparse.ArgumentParser:
         "compare",
         help="parity table: graph backends vs MultiheadAttention, SDPA, FlexAttention per dtype",
     )
-    cmp.add_argument("--tokens", type=int, default=12, help="sequence length T (default 12)")
-    cmp.add_argument("--embed-dim", type=int, default=16, help="embedding width (default 16)")
-    cmp.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    cmp.add_argument(
+        "--tokens",
+        type=_int_in(1, COMPARE_MAX),
+        default=12,
+        help=f"sequence length T, 1 to {COMPARE_MAX} (default 12)",
+    )
+    cmp.add_argument(
+        "--embed-dim",
+        type=_int_in(1, COMPARE_MAX),
+        default=16,
+        help=f"embedding width, 1 to {COMPARE_MAX} (default 16)",
+    )
+    cmp.add_argument(
+        "--heads",
+        type=_int_in(1, COMPARE_MAX),
+        default=4,
+        help="attention heads, dividing --embed-dim (default 4)",
+    )
     cmp.add_argument(
         "--dtype",
         action="append",
@@ -233,21 +386,30 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument(
         "--causal", choices=["both", "yes", "no"], default="both", help="masking (default both)"
     )
-    cmp.add_argument("--reps", type=int, default=3, help="timed calls per run (default 3)")
-    cmp.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    cmp.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    cmp.add_argument(
+        "--reps", type=_int_in(1, 1000), default=3, help="timed calls per run (default 3)"
+    )
+    cmp.add_argument("--seed", type=_SEED, default=0, help="random seed (default 0)")
+    cmp.add_argument("--device", type=_device, default="cpu", help="cpu or cuda (default cpu)")
     cmp.set_defaults(func=_cmd_compare)
     demo = sub.add_parser(
         "demo",
         help="attention on a sentence: parity table, step-by-step softmax, PNGs, explorer page",
     )
     demo.add_argument(
-        "--text", default="The bank of the river", help="the sentence (default %(default)r)"
+        "--text",
+        default="The bank of the river",
+        help=f"the sentence; words past the first {DEMO_MAX_TOKENS} are dropped, saying so "
+        "(default %(default)r)",
     )
     demo.add_argument(
-        "--out", default=None, help="folder for the PNGs (default: a new ./gnnattn-demo-XXXX)"
+        "--out",
+        type=_out_dir,
+        default=DEMO_OUT,
+        help="folder for the PNGs and the page, made if missing; files of an earlier run "
+        "are replaced (default %(default)s/)",
     )
-    demo.add_argument("--seed", type=int, default=0, help="seed of the layer (default 0)")
+    demo.add_argument("--seed", type=_SEED, default=0, help="seed of the layer (default 0)")
     demo.set_defaults(func=_cmd_demo)
     return parser
 
@@ -265,8 +427,11 @@ def _suite_help() -> list[tuple[str, str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``gnnattn`` command with ``argv``; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    """Run the ``gnnattn`` command with ``argv``; returns the exit status (2: a user error)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # --help, or a parse error already printed on one line
+        return done.code if isinstance(done.code, int) else 2
     try:
         return int(args.func(args))
     except ValueError as err:

@@ -288,6 +288,11 @@ def compare(
         (True, True)
     """
     device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        # torch's own error here is an AssertionError deep in its lazy CUDA init.
+        raise ValueError(f"Expected a CUDA device for device={str(device)!r}, but torch sees none")
+    if x is None:
+        check_int(tokens, "tokens", min=1)
     gen = torch.Generator().manual_seed(seed)
     layer = _checked_layer(layer, embed_dim, num_heads, seed)
     d = layer.embed_dim

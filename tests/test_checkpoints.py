@@ -149,6 +149,7 @@ def test_truncated_checkpoint_is_refused_naming_the_file(reference, tmp_path, ke
     with pytest.raises(ValueError, match="unreadable") as info:
         _resume_in_process(tmp_path, bad)
     assert f"Checkpoint {bad} is unreadable (truncated, or not a checkpoint)" in str(info.value)
+    assert "weights_only" not in str(info.value)
 
 
 def test_checkpoint_of_another_width_is_refused_saying_what_differs(reference, tmp_path):
@@ -196,6 +197,110 @@ def test_checkpoint_whose_tensors_do_not_fit_is_refused_naming_them(reference, t
     assert "missing from the checkpoint: head.bias" in msg
 
 
+def _edited(reference: Path, tmp_path: Path, edit) -> Path:
+    """A copy of the reference checkpoint with ``edit(state)`` applied."""
+    state = torch.load(reference / tiny_gpt.CKPT_NAME, weights_only=True)
+    edit(state)
+    path = tmp_path / "edited.pt"
+    torch.save(state, path)
+    return path
+
+
+def _set(key, value):
+    return lambda state: state.__setitem__(key, value)
+
+
+@pytest.mark.parametrize(
+    "field,edit",
+    [
+        ("config", _set("config", [1])),  # once a TypeError in check_config
+        ("config", _set("config", {1: "a"})),
+        ("step", _set("step", "12")),
+        ("step", _set("step", -1)),
+        ("step", _set("step", True)),
+        ("model", _set("model", {"tok.weight": [1.0]})),
+        ("model", _set("model", [torch.ones(2)])),
+        ("optimizer", _set("optimizer", {"state": {}})),
+        ("optimizer", _set("optimizer", [])),
+        ("scheduler", _set("scheduler", 3)),
+        ("rng", _set("rng", {"torch": 1, "cuda": [], "data": []})),
+        ("rng", lambda s: s["rng"].__setitem__("data", [torch.zeros(3)])),  # not uint8
+        ("steps", _set("steps", [1.5])),
+        ("losses", _set("losses", ["x"])),
+        ("val", _set("val", [(0,)])),
+    ],
+)
+def test_a_checkpoint_with_a_bad_field_is_refused_naming_file_and_field(
+    reference, tmp_path, field, edit
+):
+    path = _edited(reference, tmp_path, edit)
+    with pytest.raises(ValueError) as info:
+        _resume_in_process(tmp_path, path)
+    assert str(info.value).startswith(f"Checkpoint {path}: field {field!r}: expected ")
+
+
+@pytest.mark.parametrize("field", ["config", "step", "model", "optimizer", "scheduler", "rng"])
+def test_a_checkpoint_missing_a_field_is_refused_naming_it(reference, tmp_path, field):
+    path = _edited(reference, tmp_path, lambda state: state.pop(field))
+    with pytest.raises(ValueError, match=f"Checkpoint {path} has no field {field!r}"):
+        _resume_in_process(tmp_path, path)
+
+
+def test_state_that_does_not_fit_the_optimizer_or_generator_names_the_field(reference, tmp_path):
+    # The right kinds of values, but torch refuses them while loading.
+    def two_groups(state):
+        state["optimizer"]["param_groups"].append(dict(state["optimizer"]["param_groups"][0]))
+
+    path = _edited(reference, tmp_path, two_groups)
+    with pytest.raises(ValueError, match=f"Checkpoint {path}: field 'optimizer' does not fit"):
+        _resume_in_process(tmp_path, path)
+    path = _edited(
+        reference,
+        tmp_path,
+        lambda s: s["rng"].__setitem__("torch", torch.zeros(3, dtype=torch.uint8)),
+    )
+    with pytest.raises(ValueError, match=f"Checkpoint {path}: field 'rng' does not fit"):
+        _resume_in_process(tmp_path, path)
+
+
+def test_ddp_checkpoint_fields_are_checked_too(tmp_path):
+    import ddp_train
+
+    rng = common.rng_state(torch.Generator())
+    good = {"config": {}, "step": 0, "model": {}, "optimizer": {"state": {}, "param_groups": []}}
+    good.update(rng=[rng, rng], loss_start=4.2)
+    path = tmp_path / "ddp.pt"
+    common.save_checkpoint(path, good)
+    assert common.read_checkpoint(path, ddp_train.CKPT_FIELDS)["loss_start"] == 4.2
+    for key, bad in (("rng", rng), ("rng", []), ("loss_start", "4.2")):
+        common.save_checkpoint(path, {**good, key: bad})
+        with pytest.raises(ValueError, match=f"Checkpoint {path}: field {key!r}: expected"):
+            common.read_checkpoint(path, ddp_train.CKPT_FIELDS)
+
+
+class NotData:
+    """A class the weights-only unpickler refuses (it is not on its allow list)."""
+
+
+@pytest.mark.parametrize("how", ["torch.save", "pickle"])
+def test_a_checkpoint_of_objects_is_refused_without_suggesting_weights_only_false(tmp_path, how):
+    import pickle
+
+    path = tmp_path / "objects.pt"
+    if how == "torch.save":
+        torch.save({"format": common.FORMAT, "config": NotData()}, path)
+    else:  # a bare pickle, no zip container
+        path.write_bytes(pickle.dumps({"format": common.FORMAT, "config": NotData()}))
+    with pytest.raises(ValueError) as info:
+        common.read_checkpoint(path)
+    err = info.value
+    assert f"Checkpoint {path} is unreadable (truncated, or not a checkpoint)" in str(err)
+    assert "it is not plain data" in str(err)
+    # torch's own message advises weights_only=False: neither in ours nor chained to it.
+    assert "weights_only" not in str(err)
+    assert err.__cause__ is None and err.__suppress_context__
+
+
 def test_a_plain_state_dict_is_not_taken_for_a_checkpoint(tmp_path):
     path = tmp_path / "weights.pt"
     torch.save(torch.nn.Linear(2, 2).state_dict(), path)
@@ -206,7 +311,9 @@ def test_a_plain_state_dict_is_not_taken_for_a_checkpoint(tmp_path):
 
 def test_a_crash_mid_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "ckpt.pt"
-    common.save_checkpoint(path, {"step": 1, "w": torch.ones(3)})
+    # The fields every checkpoint must have (read_checkpoint checks them), and little else.
+    minimal = {"config": {}, "optimizer": {"state": {}, "param_groups": []}}
+    common.save_checkpoint(path, {**minimal, "step": 1, "model": {"w": torch.ones(3)}})
     real_save = torch.save
 
     def crash_half_way(obj, f):
@@ -216,10 +323,11 @@ def test_a_crash_mid_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(common.torch, "save", crash_half_way)
     with pytest.raises(OSError, match="disk full"):
-        common.save_checkpoint(path, {"step": 2, "w": torch.zeros(3)})
+        common.save_checkpoint(path, {**minimal, "step": 2, "model": {"w": torch.zeros(3)}})
     monkeypatch.undo()
     kept = common.read_checkpoint(path)
-    assert kept is not None and kept["step"] == 1 and torch.equal(kept["w"], torch.ones(3))
+    assert kept is not None and kept["step"] == 1
+    assert torch.equal(kept["model"]["w"], torch.ones(3))
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left
 
 

@@ -156,3 +156,86 @@ def test_dtype_and_device_mismatch():
         layer((X, X.double()))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert layer(X.bfloat16()).shape == (5, 8)
+
+
+# ---------------------------------------------------------------- sizes and ids
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda b: SelfAttentionConv(8, num_heads=2)(X, batch=b),
+        lambda b: SelfAttentionConv(8, num_heads=2, causal=True)(X, batch=b),
+        lambda b: complete_graph(batch=b),
+        lambda b: causal_graph(batch=b),
+        lambda b: sliding_window_graph(batch=b, window=1),
+    ],
+)
+def test_a_huge_batch_id_is_refused_before_any_allocation(call, monkeypatch):
+    # 10**12 graphs would be a bincount of terabytes; the check must come first.
+    batch = torch.tensor([0, 0, 1, 1, 10**12])
+
+    def no_bincount(*args, **kwargs):
+        raise AssertionError("bincount reached: the batch was not checked first")
+
+    monkeypatch.setattr(torch, "bincount", no_bincount)
+    with pytest.raises(ValueError, match=r"'batch' to hold graph ids below the number of nodes 5"):
+        call(batch)
+
+
+def test_batch_ids_may_skip_graphs_below_the_number_of_nodes():
+    # Gaps (graphs without nodes) are fine as long as the ids stay below N.
+    out = SelfAttentionConv(8, num_heads=2)(X, batch=torch.tensor([0, 0, 3, 3, 4]))
+    assert out.shape == (5, 8) and torch.isfinite(out).all()
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: SelfAttentionConv(8, dropout=NAN), r"'dropout' in \[0, 1\), got nan"),
+        (lambda: SelfAttentionConv(8, dropout=INF), r"'dropout' in \[0, 1\), got inf"),
+        (lambda: SelfAttentionConv(8, dropout=-0.1), r"'dropout' in \[0, 1\), got -0.1"),
+        (lambda: SimplifiedAttention(scale=NAN), r"'scale' in \[-inf, inf\), got nan"),
+        (lambda: SimplifiedAttention(scale=INF), r"'scale' to be a finite float, got inf"),
+        (lambda: SimplifiedAttention(scale=-INF), r"'scale' to be a finite float, got -inf"),
+        (lambda: _transformer_layer(dropout=NAN), r"'dropout' in \[0, 1\), got nan"),
+        (lambda: _transformer(dropout=NAN), r"'dropout' in \[0, 1\), got nan"),
+        (lambda: _transformer_layer(layer_norm_eps=NAN), r"'layer_norm_eps' in \[0, inf\)"),
+        (lambda: _transformer_layer(layer_norm_eps=-1e-5), r"'layer_norm_eps' in \[0, inf\)"),
+        (lambda: _transformer_layer(layer_norm_eps=INF), r"'layer_norm_eps' to be a finite"),
+        (lambda: _sinusoidal(base=NAN), r"'base' in \[-inf, inf\), got nan"),
+        (lambda: _sinusoidal(base=0.0), r"'base' > 0, got 0.0"),
+        (lambda: _sinusoidal(base=INF), r"'base' to be a finite float"),
+    ],
+)
+def test_float_hyper_parameters_are_checked_for_range_and_nan(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_float_hyper_parameters_of_the_wrong_type_are_a_type_error():
+    with pytest.raises(TypeError, match=r"'dropout' to be a float, got str"):
+        SelfAttentionConv(8, dropout="0.1")
+    with pytest.raises(TypeError, match=r"'layer_norm_eps' to be a float, got NoneType"):
+        _transformer_layer(layer_norm_eps=None)
+
+
+def _transformer_layer(**kwargs):
+    from gnnattn.nn import GraphTransformerLayer
+
+    return GraphTransformerLayer(8, 2, **kwargs)
+
+
+def _transformer(**kwargs):
+    from gnnattn.nn import GraphTransformer
+
+    return GraphTransformer(2, 8, 2, **kwargs)
+
+
+def _sinusoidal(**kwargs):
+    from gnnattn.nn import SinusoidalPositionalEncoding
+
+    return SinusoidalPositionalEncoding(4, **kwargs)

@@ -26,17 +26,25 @@
   during the call above what was live before it; memory that a kernel
   allocates outside torch's allocator (numba scratch arrays, MKL workspaces)
   is *not* seen. The ``scale`` suite measures the process's resident set
-  instead.
+  instead. The profiler's C++ side (kineto) writes ``USDT: ... profiler_start``
+  / ``profiler_stop`` lines straight to file descriptor 2 on every use, which
+  no setting turns off; :func:`_without_profiler_chatter` keeps them out of
+  the user's terminal and passes every other line on.
 * **Work.** A candidate that knows how many bytes it must move (the ``limit``
   suite's passes) reports the achieved GB/s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import re
 import statistics
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -205,7 +213,10 @@ def _peak_bytes(case: Case, cand: Candidate, mode: str) -> int:
         return int(peak)
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with (
+        _without_profiler_chatter(),
+        profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+    ):
         out = _call(case, cand, mode)
     del out
     events = prof.profiler.kineto_results.events()  # type: ignore[union-attr]
@@ -220,6 +231,41 @@ def _peak_bytes(case: Case, cand: Candidate, mode: str) -> int:
         cur += nbytes
         peak = max(peak, cur)
     return peak
+
+
+# Kineto's status lines, e.g. "USDT:2026-01-01 12:00:00 1:1 SyncActivityProfilerHandler.cpp:52]
+# profiler_start" (and "STAGE:" at other log levels).
+_CHATTER = re.compile(r"^(USDT|STAGE):\S+ \S+ \d+:\d+ \S+\.cpp:\d+\] ")
+
+
+@contextlib.contextmanager
+def _without_profiler_chatter() -> Iterator[None]:
+    """File descriptor 2 goes to a temporary file while the block runs; afterwards
+    every line but kineto's status lines is written to ``sys.stderr``.
+
+    The lines come from C++ (no Python logger, no environment variable silences
+    them), so only a redirection of the descriptor itself can catch them.
+    """
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no descriptor 2 to redirect: nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode("utf-8", errors="replace")
+            kept = [ln for ln in text.splitlines(keepends=True) if not _CHATTER.match(ln)]
+            if kept:
+                sys.stderr.write("".join(kept))
 
 
 def max_abs_diff(a: Tensor, b: Tensor) -> float:

@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..checks import check_int
+from ..checks import check_float, check_int
 from ..graphs import check_batch
 
 __all__ = [
@@ -114,7 +114,9 @@ class SinusoidalPositionalEncoding(torch.nn.Module):
         if embed_dim % 2:
             raise ValueError(f"Expected an even 'embed_dim' (sin/cos pairs), got {embed_dim}")
         self.embed_dim = embed_dim
-        self.base = float(base)
+        self.base = check_float(base, "base", finite=True)
+        if self.base <= 0:  # log(base) below: a NaN encoding otherwise
+            raise ValueError(f"Expected 'base' > 0, got {base}")
         k = torch.arange(0, embed_dim, 2, dtype=torch.float64)
         self.inv_freq: Tensor
         self.register_buffer(

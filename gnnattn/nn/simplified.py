@@ -53,7 +53,7 @@ class SimplifiedAttention(MessagePassing):
 
     def __init__(self, scale: float = 1.0, *, causal: bool = False, backend: str = "auto") -> None:
         super().__init__(aggr="add", node_dim=0)
-        self.scale = check_float(scale, "scale")
+        self.scale = check_float(scale, "scale", finite=True)
         self.causal = causal
         self.backend = check_backend(backend)
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..checks import check_int, check_tensor
+from ..checks import check_float, check_int, check_tensor
 from ..graphs import GraphLike, as_graph
 from .conv import SelfAttentionConv
 from .dropout import Dropout
@@ -126,6 +126,8 @@ class GraphTransformerLayer(torch.nn.Module):
         super().__init__()
         ffn_dim = 4 * embed_dim if ffn_dim is None else ffn_dim
         check_int(ffn_dim, "ffn_dim", min=1)
+        # torch.nn.LayerNorm takes any eps; a NaN or negative one only shows as NaN outputs.
+        layer_norm_eps = check_float(layer_norm_eps, "layer_norm_eps", lo=0.0, finite=True)
         self.self_attn = SelfAttentionConv(
             embed_dim,
             num_heads,
