@@ -20,7 +20,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 __all__ = ["DEMO_MAX_TOKENS", "DEMO_OUT", "build_parser", "main"]
 
@@ -303,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gnnattn", description="Transformer self-attention as message passing over a graph."
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_check, _add_bench, _add_compare, _add_demo):
+        add(sub)
+    return parser
+
+
+def _add_check(sub: Any) -> None:
     check = sub.add_parser(
         "check", help="print graph-vs-dense agreement of every backend on small graphs"
     )
@@ -314,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--seed", type=_SEED, default=0, help="random seed (default 0)")
     check.set_defaults(func=_cmd_check)
+
+
+def _add_bench(sub: Any) -> None:
     bench = sub.add_parser(
         "bench",
         help="time gnnattn's backends against MultiheadAttention, SDPA, FlexAttention and PyG",
@@ -355,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-memory", action="store_true", help="skip the peak-memory call of each candidate"
     )
     bench.set_defaults(func=_cmd_bench)
+
+
+def _add_compare(sub: Any) -> None:
     cmp = sub.add_parser(
         "compare",
         help="parity table: graph backends vs MultiheadAttention, SDPA, FlexAttention per dtype",
@@ -392,6 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--seed", type=_SEED, default=0, help="random seed (default 0)")
     cmp.add_argument("--device", type=_device, default="cpu", help="cpu or cuda (default cpu)")
     cmp.set_defaults(func=_cmd_compare)
+
+
+def _add_demo(sub: Any) -> None:
     demo = sub.add_parser(
         "demo",
         help="attention on a sentence: parity table, step-by-step softmax, PNGs, explorer page",
@@ -411,7 +426,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--seed", type=_SEED, default=0, help="seed of the layer (default 0)")
     demo.set_defaults(func=_cmd_demo)
-    return parser
 
 
 def _suites() -> tuple[str, ...]:
