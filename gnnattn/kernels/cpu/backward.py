@@ -52,25 +52,53 @@ def attention_bwd_dst(
     value_bias: Tensor | None = None,
     dropout: Dropout | None = None,
     plan: CPUPlan | None = None,
-    edge_attr: Tensor | None = None,
-    edge_query: Tensor | None = None,
-    grad_edge_out: Tensor | None = None,
-) -> tuple[Tensor | None, ...]:
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """The backward's destination pass: ``dq``, ``D``, the score and value-bias gradients.
 
     Args:
         q, k, v, lse, grad_out, ptr, col, scale, bias, value_bias, dropout,
-        plan, edge_attr, edge_query, grad_edge_out: as in :func:`attention_bwd`.
+        plan: as in :func:`attention_bwd`.
 
     Returns:
         ``dq`` ``[N, H, C]`` (compute dtype), ``ld`` ``[N, 2H]`` (``lse`` and
         ``D_i`` side by side, what the source pass reads per edge), the score
-        gradient ``dS`` ``[E, H]`` (with a bias, a value bias or edge
-        features, else ``None``; the source pass reads it as ``ds=`` when
-        there is a value bias or edge features) and the value bias's gradient
-        ``[E, H, Cv]`` (``None`` without one), all in the compute dtype; with
-        ``edge_attr`` also ``dedge_attr`` ``[E, F]`` and ``dedge_query``
-        ``[N, H, F]`` (``None`` without an edge query), in the compute dtype.
+        gradient ``dS`` ``[E, H]`` (with a bias or a value bias, else
+        ``None``; the source pass reads it as ``ds=`` when there is a value
+        bias) and the value bias's gradient ``[E, H, Cv]`` (``None`` without
+        one), all in the compute dtype.
+    """
+    dst = _bwd_dst(
+        q, k, v, lse, grad_out, ptr, col, scale, bias, value_bias=value_bias, dropout=dropout,
+        plan=plan,
+    )  # fmt: skip
+    return dst[:4]
+
+
+def _bwd_dst(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+    ptr: Tensor,
+    col: Tensor,
+    scale: float,
+    bias: Tensor | None = None,
+    *,
+    value_bias: Tensor | None = None,
+    dropout: Dropout | None = None,
+    plan: CPUPlan | None = None,
+    edge_attr: Tensor | None = None,
+    edge_query: Tensor | None = None,
+    grad_edge_out: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """:func:`attention_bwd_dst` with the edge features of :func:`attention_bwd`.
+
+    Returns:
+        those of :func:`attention_bwd_dst` (``dS`` also with edge features:
+        the source pass reads it as ``ds=`` then), then ``dedge_attr``
+        ``[E, F]`` and ``dedge_query`` ``[N, H, F]`` in the compute dtype
+        (``None`` without ``edge_attr``, resp. ``edge_query``).
     """
     e = _check_qkv(q, k, v, bias, ptr, col)
     n, nh, cq = q.shape
@@ -123,8 +151,6 @@ def attention_bwd_dst(
     elif dea is not None:
         dea.zero_()  # no head: no term
     dvb_out = dvb.view(e, nh, cv) if dvb is not None else None
-    if edge_attr is None:
-        return dq.view(n, nh, cq), ld, ds, dvb_out
     deq_out = deq.view(n, nh, nf) if deq is not None else None
     return dq.view(n, nh, cq), ld, ds, dvb_out, dea, deq_out
 
@@ -331,12 +357,11 @@ def attention_bwd(
         _check_rows("out", out, (n, nh, cv))
     if plan is None:
         plan = _make_plan(ptr, col, m, None)  # checked once, for both uses below
-    dst = attention_bwd_dst(
+    dst = _bwd_dst(
         q, k, v, lse, grad_out, ptr, col, scale, bias, value_bias=value_bias, dropout=dropout,
         plan=plan, edge_attr=edge_attr, edge_query=edge_query, grad_edge_out=grad_edge_out,
     )  # fmt: skip
     dq, ld, ds, dvb = dst[:4]
-    assert dq is not None and ld is not None
     if csc_plan is not None:
         _check_plan(csc_plan, "csc_plan", m, col.numel(), n)
     elif csc is None:
@@ -355,6 +380,6 @@ def attention_bwd(
     res = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias, dvalue_bias)
     if edge_attr is None:
         return res
-    dea, deq = dst[4], dst[5]
+    dea, deq = dst[4:]
     assert dea is not None
     return (*res, dea.to(edge_attr.dtype), deq.to(q.dtype) if deq is not None else None)
