@@ -158,7 +158,7 @@ def op_inputs(dtype=F64, n=9, m=9, h=3, c=5, cv=4, seed=0):
     ea = torch.randn(ei.shape[1], NF, generator=g, dtype=dtype)
     wk = torch.randn(h * c, NF, generator=g, dtype=dtype) * 0.5
     wv = torch.randn(h * cv, NF, generator=g, dtype=dtype) * 0.5
-    return q, k, v, AttentionGraph(ei, num_src=m, num_dst=n), ea, wk, wv
+    return q, k, v, AttentionGraph(ei, n, num_src=m), ea, wk, wv
 
 
 @pytest.mark.parametrize("which", ["both", "key", "value"])
@@ -184,13 +184,16 @@ def test_fused_equals_mp_with_edge_features(which, p):
         g = torch.randn(r.out.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
         res[backend] = (r.out, r.lse, r.weights, *torch.autograd.grad((r.out * g).sum(), xs))
     for a, b in zip(res["fused"], res["mp"], strict=True):
-        assert_close(a, b, TOL64)
+        a, b = a.detach(), b.detach()
+        assert torch.equal(torch.isneginf(a), torch.isneginf(b))  # lse of the isolated target
+        fin = torch.isfinite(b)
+        assert_close(a[fin], b[fin], TOL64)
 
 
 def test_fused_edge_features_pass_gradcheck():
     q, k, v, graph, ea, wk, wv = op_inputs(n=4, m=3, h=2, c=3, cv=2)
     ei = torch.tensor([[0, 1, 2, 0, 2], [0, 0, 1, 3, 3]])
-    graph = AttentionGraph(ei, num_src=3, num_dst=4)  # target 2 isolated
+    graph = AttentionGraph(ei, 4, num_src=3)  # target 2 isolated
     ea = ea[:5]
     ins = [t.clone().requires_grad_() for t in (q, k, v, ea, wk, wv)]
 
@@ -274,7 +277,7 @@ def test_self_attention_conv_edge_value_equals_its_previous_formulation(backend)
     g = torch.randn(n, 12, dtype=F64)
     new = layer(x, ei, ea)
     old = old_formulation(layer, x, ei, ea, backend)
-    assert_close(new, old, TOL64)
+    assert_close(new.detach(), old.detach(), TOL64)
     for a, b in zip(
         torch.autograd.grad((new * g).sum(), [x, ea, *params]),
         torch.autograd.grad((old * g).sum(), [x, ea, *params]),
@@ -294,4 +297,4 @@ def test_self_attention_conv_edge_value_with_dropout_fused_equals_mp():
     for backend in ("fused", "mp"):
         torch.manual_seed(4)
         outs.append(layer(x, ei, ea, backend=backend))
-    assert_close(outs[0], outs[1], TOL64)
+    assert_close(outs[0].detach(), outs[1].detach(), TOL64)
