@@ -12,6 +12,22 @@ Every kernel module implements the functions of
   value_bias=None, dropout=None, csc=None, plan=None, csc_plan=None)
   -> (dq, dk, dv, dbias, dvalue_bias)``.
 
+Raw edge features (the reference and the CPU kernels; not the Triton ones
+yet, which :func:`gnnattn.backend_for` knows by their signature): two more
+keyword-only options, ``edge_attr`` ``[E, F]`` (CSR order, read per edge,
+never gathered) and ``edge_query`` ``[N, H, F]`` (optional: adds
+``edge_query_i^h . edge_attr_ij`` to the score, unscaled). The results grow
+only when ``edge_attr`` is given, so every existing call is unchanged:
+
+* ``attention_fwd(..., edge_attr=, edge_query=None) -> (out, lse, edge_out)``
+  with ``edge_out`` ``[N, H, F] = sum_j P_ij edge_attr_ij`` (``P`` the
+  weights after dropout, those that multiply ``v``);
+* ``attention_bwd(..., edge_attr=, edge_query=None, grad_edge_out=None)
+  -> (dq, dk, dv, dbias, dvalue_bias, dedge_attr, dedge_query)`` with
+  ``grad_edge_out`` the gradient of ``edge_out`` (``None``: zero),
+  ``dedge_attr`` ``[E, F]`` (summed over heads) and ``dedge_query``
+  ``[N, H, F]`` (``None`` without ``edge_query``).
+
 :mod:`gnnattn.kernels.common` holds the rules they share (accumulation dtype,
 index checks, the dropout stream). :mod:`gnnattn.kernels.cpu` compiles them
 with numba, the ``triton_*`` modules with Triton for CUDA. Those modules are

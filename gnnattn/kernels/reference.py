@@ -27,7 +27,14 @@ The attention functions also take the options every backend has (see
   ``o_i = sum_j alpha_ij (v_j + value_bias_ij)``;
 * ``dropout``: a :class:`~gnnattn.kernels.common.Dropout`; the weights that
   the stream drops are zeroed and the others scaled by ``1 / (1 - p)``
-  *after* the softmax (``lse`` is that of the undropped scores).
+  *after* the softmax (``lse`` is that of the undropped scores);
+* ``edge_attr``: raw edge features ``[E, F]``; the forward then also returns
+  ``edge_out_i = sum_j P_ij a_ij`` ``[N, H, F]`` (``P`` the weights after
+  dropout, those that multiply ``v``), so that a layer can apply a linear map
+  ``W_v`` to the aggregate instead of to every edge;
+* ``edge_query``: ``[N, H, F]`` (needs ``edge_attr``), adds
+  ``edge_query_i^h . a_ij`` to the score, unscaled (a layer's ``W_k^T q_i``,
+  with the scale folded in).
 
 Every per-edge array is in destination-CSR order. ``plan(ptr, col, num_cols)``
 validates a CSR once; the functions take the result as ``plan=`` (the
@@ -181,6 +188,16 @@ def dropout(x: Tensor, dropout: Dropout) -> Tensor:
     return x * (keep.to(x.dtype) * dropout.scale)
 
 
+def _edge_score(
+    s: Tensor, ptr: Tensor, edge_attr: Tensor | None, edge_query: Tensor | None
+) -> Tensor:
+    """``s + edge_query_i . a_ij`` per edge and head (``s`` unchanged without a query)."""
+    if edge_query is None or edge_attr is None:
+        return s
+    index = segment_ids(ptr, s.shape[0])
+    return s + (edge_query[index] * edge_attr.unsqueeze(1)).sum(-1)  # (E, H)
+
+
 def _messages(v: Tensor, col: Tensor, value_bias: Tensor | None) -> Tensor:
     vj = v[col]  # (E, H, Cv)
     return vj + value_bias if value_bias is not None else vj
@@ -198,7 +215,9 @@ def attention_fwd(
     value_bias: Tensor | None = None,
     dropout: Dropout | None = None,
     plan: Checked | None = None,
-) -> tuple[Tensor, Tensor]:
+    edge_attr: Tensor | None = None,
+    edge_query: Tensor | None = None,
+) -> tuple[Tensor, ...]:
     """Sparse attention over a destination-sorted CSR graph.
 
     Args:
@@ -213,14 +232,18 @@ def attention_fwd(
         dropout: optional attention dropout (see the module docstring).
         plan: from :func:`plan` (unused here: the reference gathers with
             torch, which bounds-checks).
+        edge_attr: optional ``[E, F]`` edge features (CSR order).
+        edge_query: optional ``[N, H, F]``: adds ``edge_query_i . a_ij`` to
+            the scores (needs ``edge_attr``).
 
     Returns:
         ``out`` ``[N, H, Cv]`` and the log-sum-exp ``lse`` ``[N, H]`` of each
-        target's scores (``-inf`` where the target has no finite score).
+        target's scores (``-inf`` where the target has no finite score); with
+        ``edge_attr`` also ``edge_out`` ``[N, H, F]`` ``= sum_j P_ij a_ij``.
     """
     n, h = ptr.numel() - 1, q.shape[1]
     index = segment_ids(ptr, col.numel())
-    s = attention_scores(q, k, ptr, col, scale, bias)
+    s = _edge_score(attention_scores(q, k, ptr, col, scale, bias), ptr, edge_attr, edge_query)
     m = segment_max(s, index, n)
     m_safe = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
     e = torch.exp(s - m_safe[index])
@@ -231,7 +254,10 @@ def attention_fwd(
     if f is not None:
         alpha = alpha * f
     out = segment_sum(alpha.unsqueeze(-1) * _messages(v, col, value_bias), index, n)
-    return out, lse
+    if edge_attr is None:
+        return out, lse
+    edge_out = segment_sum(alpha.unsqueeze(-1) * edge_attr.unsqueeze(1), index, n)  # (N, H, F)
+    return out, lse, edge_out
 
 
 def attention_weights(
@@ -242,10 +268,13 @@ def attention_weights(
     scale: float,
     lse: Tensor,
     bias: Tensor | None = None,
+    *,
+    edge_attr: Tensor | None = None,
+    edge_query: Tensor | None = None,
 ) -> Tensor:
     """Recompute the weights ``alpha`` ``[E, H]`` (before dropout) from the saved log-sum-exp."""
     index = segment_ids(ptr, col.numel())
-    s = attention_scores(q, k, ptr, col, scale, bias)
+    s = _edge_score(attention_scores(q, k, ptr, col, scale, bias), ptr, edge_attr, edge_query)
     lse_e = lse[index]
     # A target with lse = -inf has no finite score: all its weights are 0.
     dead = torch.isinf(lse_e) & (lse_e < 0)
@@ -269,8 +298,12 @@ def attention_bwd(
     csc: tuple[Tensor, Tensor, Tensor] | None = None,
     plan: Checked | None = None,
     csc_plan: Checked | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
-    """Gradients of :func:`attention_fwd` w.r.t. ``q``, ``k``, ``v``, ``bias``, ``value_bias``.
+    edge_attr: Tensor | None = None,
+    edge_query: Tensor | None = None,
+    grad_edge_out: Tensor | None = None,
+) -> tuple[Tensor | None, ...]:
+    """Gradients of :func:`attention_fwd` w.r.t. ``q``, ``k``, ``v``, ``bias``, ``value_bias``
+    (and ``edge_attr``, ``edge_query``).
 
     FlashAttention's recomputation: ``alpha`` comes back from ``lse``, and the
     softmax backward uses ``D_i = sum_c dout_ic * out_ic`` (equal to
@@ -280,22 +313,36 @@ def attention_bwd(
     forward's output need not be kept). ``csc`` and the plans are accepted
     for the compiled kernels' signature and not used.
 
+    With ``edge_attr``, ``grad_edge_out`` ``[N, H, F]`` is the gradient of
+    the forward's ``edge_out`` (``None``: zero). It adds ``g_i . a_ij`` to
+    ``dP_ij``; then ``d edge_query_i = sum_j dS_ij a_ij`` and ``d a_ij =
+    sum_h dS_ij^h edge_query_i^h + P_ij^h g_i^h``. ``D_i`` is then computed
+    from the edges (``dout_i . out_i`` would miss ``g_i . edge_out_i``).
+
     Returns:
         ``dq``, ``dk``, ``dv``, ``dbias`` (the score gradient ``dS``
         ``[E, H]``, ``None`` without ``bias``) and ``dvalue_bias``
-        (``[E, H, Cv]``, ``None`` without ``value_bias``).
+        (``[E, H, Cv]``, ``None`` without ``value_bias``); with ``edge_attr``
+        also ``dedge_attr`` ``[E, F]`` and ``dedge_query`` ``[N, H, F]``
+        (``None`` without ``edge_query``).
     """
     n, m, h = q.shape[0], k.shape[0], q.shape[1]
     index = segment_ids(ptr, col.numel())
-    alpha = attention_weights(q, k, ptr, col, scale, lse, bias)  # (E, H)
+    alpha = attention_weights(
+        q, k, ptr, col, scale, lse, bias, edge_attr=edge_attr, edge_query=edge_query
+    )  # (E, H)
     f = dropout_factor(dropout, col.numel(), h, alpha)
     kept = alpha * f if f is not None else alpha  # (E, H), the weights the forward used
     g = grad_out[index]  # (E, H, Cv)
     dv = segment_sum(kept.unsqueeze(-1) * g, col, m)
     dvb = kept.unsqueeze(-1) * g if value_bias is not None else None
     dkept = (g * _messages(v, col, value_bias)).sum(-1)  # (E, H)
+    ge = grad_edge_out[index] if edge_attr is not None and grad_edge_out is not None else None
+    if ge is not None:
+        assert edge_attr is not None
+        dkept = dkept + (ge * edge_attr.unsqueeze(1)).sum(-1)  # + g_i . a_ij
     dalpha = dkept * f if f is not None else dkept
-    if out is not None:
+    if out is not None and edge_attr is None:
         d = (grad_out * out).sum(-1)  # (N, H)
     else:
         # sum_j alpha_ij dalpha_ij, normalized by sum_j alpha_ij (= 1 up to
@@ -305,4 +352,13 @@ def attention_bwd(
     ds = alpha * (dalpha - d[index])  # (E, H)
     dq = segment_sum(ds.unsqueeze(-1) * k[col], index, n) * scale
     dk = segment_sum(ds.unsqueeze(-1) * q[index], col, m) * scale
-    return dq, dk, dv, (ds if bias is not None else None), dvb
+    if edge_attr is None:
+        return dq, dk, dv, (ds if bias is not None else None), dvb
+    dea = torch.zeros_like(edge_attr)
+    deq = None
+    if edge_query is not None:
+        deq = segment_sum(ds.unsqueeze(-1) * edge_attr.unsqueeze(1), index, n)  # (N, H, F)
+        dea = dea + (ds.unsqueeze(-1) * edge_query[index]).sum(1)
+    if ge is not None:
+        dea = dea + (kept.unsqueeze(-1) * ge).sum(1)
+    return dq, dk, dv, (ds if bias is not None else None), dvb, dea, deq

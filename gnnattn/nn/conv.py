@@ -200,7 +200,13 @@ class SelfAttentionConv(MessagePassing):
         graph, x_src, x_dst, edge_attr = self._inputs(x, edge_index, edge_attr, batch)
         h, c = self.num_heads, self.head_dim
         n_src, n_dst = x_src.shape[0], x_dst.shape[0]
-        score_bias, value_bias = self._edge_biases(edge_attr)
+        score_bias = None
+        if self.lin_edge is not None and edge_attr is not None:
+            score_bias = self.lin_edge(edge_attr)  # (E, H)
+        # W_EV e_ij enters the values through the operator's edge_value: the
+        # fused path aggregates the raw features and maps the aggregate, so no
+        # [E, D] tensor is made (the same function: lin_edge_value has no bias).
+        edge_value = self.lin_edge_value.weight if self.lin_edge_value is not None else None
         q = self.lin_query(x_dst).view(n_dst, h, c)  # (N, H, C)
         k = self.lin_key(x_src).view(n_src, h, c)  # (M, H, C)
         v = self.lin_value(x_src).view(n_src, h, c)  # (M, H, C)
@@ -211,10 +217,11 @@ class SelfAttentionConv(MessagePassing):
             graph,
             scale=self.scale,
             score_bias=score_bias,
-            value_bias=value_bias,
             dropout_p=self.dropout if self.training else 0.0,
             backend=self.backend if backend is None else check_backend(backend),
             need_weights=return_attention_weights,
+            edge_attr=edge_attr if edge_value is not None else None,
+            edge_value=edge_value,
         )
         o = res.out if isinstance(res, AttentionOutput) else res
         out = self.lin_out(o.reshape(n_dst, self.embed_dim))  # (N, D)
@@ -247,8 +254,8 @@ class SelfAttentionConv(MessagePassing):
             graph,
             backend=self.backend if backend is None else check_backend(backend),
             score_bias=edge_attr is not None,
-            value_bias=edge_attr is not None and self.edge_value,
             dropout_p=self.dropout if self.training else 0.0,
+            edge_attr=edge_attr is not None and self.edge_value,
         )
 
     def _inputs(
@@ -271,17 +278,6 @@ class SelfAttentionConv(MessagePassing):
         )
         edge_attr = self._check_edge_attr(edge_attr, edge_index, graph, x_dst)
         return graph, x_src, x_dst, edge_attr
-
-    def _edge_biases(self, edge_attr: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-        """The score bias ``[E, H]`` and value bias ``[E, H, C]`` of the edge features."""
-        if edge_attr is None:
-            return None, None
-        assert self.lin_edge is not None
-        score_bias = self.lin_edge(edge_attr)  # (E, H)
-        if self.lin_edge_value is None:
-            return score_bias, None
-        value_bias = self.lin_edge_value(edge_attr)  # (E, D)
-        return score_bias, value_bias.view(-1, self.num_heads, self.head_dim)  # (E, H, C)
 
     # ----------------------------------------------------------------- input
 

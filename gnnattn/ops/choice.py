@@ -8,6 +8,8 @@ window filling > 1/4 of the matrix; no      :func:`torch.nn.functional.scaled_do
 edge score or value bias
 inside ``torch.compile``                    ``"mp"``: the compiled kernels are not traced
 no compiled kernel for the device           ``"mp"`` (numba / triton not installed)
+raw edge features (``edge_attr``) on a      ``"mp"``: the Triton kernels do not take
+device whose kernel lacks them (CUDA)       them yet
 anything else (dropout and edge             ``"fused"``: the sparse kernel over the CSR
 features included)
 =========================================  ==========================================
@@ -18,7 +20,10 @@ says why (``"sdpa"`` needs a structured square graph and no edge biases).
 
 from __future__ import annotations
 
+import inspect
 import warnings
+from functools import cache
+from types import ModuleType
 from typing import NamedTuple
 
 import torch
@@ -75,6 +80,12 @@ def _sdpa_refusal(graph: AttentionGraph, has_bias: bool) -> str | None:
     return None
 
 
+@cache
+def _takes_edge_attr(kern: ModuleType) -> bool:
+    """Whether a kernel module's ``attention_fwd`` takes raw edge features."""
+    return "edge_attr" in inspect.signature(kern.attention_fwd).parameters
+
+
 def backend_for(
     q: torch.Tensor,
     graph: AttentionGraph,
@@ -83,6 +94,7 @@ def backend_for(
     score_bias: bool = False,
     value_bias: bool = False,
     dropout_p: float = 0.0,
+    edge_attr: bool = False,
 ) -> BackendChoice:
     """The backend :func:`gnnattn.attention` takes for these arguments, and why.
 
@@ -94,12 +106,25 @@ def backend_for(
         value_bias (bool, optional): the call has a value bias. (default: :obj:`False`)
         dropout_p (float, optional): attention dropout of the call; every
             backend has it. (default: ``0.0``)
+        edge_attr (bool, optional): the call has raw edge features
+            (``edge_attr`` with ``edge_key`` / ``edge_value``); SDPA does not
+            take them, and where the device's fused kernel does not either
+            (the Triton kernels, for now) the call runs on ``"mp"``, asked for
+            ``"fused"`` or not, with the reason. (default: :obj:`False`)
 
     Raises:
         ValueError: ``backend="sdpa"`` where SDPA cannot compute the call.
     """
     check_backend(backend)
-    has_bias = score_bias or value_bias
+    has_bias = score_bias or value_bias or edge_attr
+    if edge_attr and backend in ("auto", "fused") and not torch.compiler.is_compiling():
+        kern = kernels.get(q.device)
+        if not _takes_edge_attr(kern):
+            return BackendChoice(
+                "mp",
+                f"the fused {q.device.type} kernel does not take raw edge features "
+                f"(edge_attr) yet: the message-passing path",
+            )
     if backend == "sdpa":
         why = _sdpa_refusal(graph, has_bias)
         if why is not None:

@@ -64,34 +64,44 @@ class _FusedAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, vbias, graph, scale, dropout):  # type: ignore[override]
+    def forward(ctx, q, k, v, bias, vbias, ea, eq, graph, scale, dropout):  # type: ignore[override]
         kern = kernels.get(q.device)
         ptr, col = _csr(graph, q.device)
-        out, lse = kern.attention_fwd(
+        # The edge options are passed only when given: the Triton kernels lack them.
+        opts = {} if ea is None else {"edge_attr": ea, "edge_query": eq}
+        res = kern.attention_fwd(
             q, k, v, ptr, col, scale, bias,
-            value_bias=vbias, dropout=dropout, plan=_plan(graph, kern, "csr"),
+            value_bias=vbias, dropout=dropout, plan=_plan(graph, kern, "csr"), **opts,
         )  # fmt: skip
+        out, lse = res[0], res[1]
+        edge_out = res[2] if ea is not None else None
         # The CPU kernel's backward recomputes D_i = dout_i . out_i from the
         # edges, so the output is not kept: at N = 1M, embed 128 that is
         # 0.5 GB less at the backward's peak.
         keep_out = out if q.device.type != "cpu" else None
-        ctx.save_for_backward(q, k, v, bias, vbias, keep_out, lse)
+        ctx.save_for_backward(q, k, v, bias, vbias, keep_out, lse, ea, eq)
         ctx.graph, ctx.scale, ctx.dropout = graph, scale, dropout
         ctx.mark_non_differentiable(lse)
-        return out, lse
+        return out, lse, edge_out
 
     @staticmethod
-    def backward(ctx, grad_out, grad_lse):  # type: ignore[override]
-        q, k, v, bias, vbias, out, lse = ctx.saved_tensors
+    def backward(ctx, grad_out, grad_lse, grad_edge_out):  # type: ignore[override]
+        q, k, v, bias, vbias, out, lse, ea, eq = ctx.saved_tensors
         graph = ctx.graph
         kern = kernels.get(q.device)
         ptr, col = _csr(graph, q.device)
-        dq, dk, dv, dbias, dvbias = kern.attention_bwd(
+        opts = {}
+        if ea is not None:
+            ge = grad_edge_out.contiguous() if grad_edge_out is not None else None
+            opts = {"edge_attr": ea, "edge_query": eq, "grad_edge_out": ge}
+        res = kern.attention_bwd(
             q, k, v, out, lse, grad_out.contiguous(), ptr, col, ctx.scale, bias,
             value_bias=vbias, dropout=ctx.dropout, csc=_csc(graph, q.device),
-            plan=_plan(graph, kern, "csr"), csc_plan=_plan(graph, kern, "csc"),
+            plan=_plan(graph, kern, "csr"), csc_plan=_plan(graph, kern, "csc"), **opts,
         )  # fmt: skip
-        return dq, dk, dv, dbias, dvbias, None, None, None
+        dq, dk, dv, dbias, dvbias = res[:5]
+        dea, deq = (res[5], res[6]) if ea is not None else (None, None)
+        return dq, dk, dv, dbias, dvbias, dea, deq, None, None, None
 
 
 def _kernel_dtype(t: Tensor) -> torch.dtype:
@@ -111,13 +121,25 @@ def fused_attention(
     value_bias: Tensor | None = None,
     dropout: Dropout | None = None,
     need_weights: bool = False,
+    edge_attr: Tensor | None = None,
+    edge_key: Tensor | None = None,
+    edge_value: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """The ``"fused"`` backend.
 
-    ``score_bias`` ``[|E|, H]`` and ``value_bias`` ``[|E|, H, Cv]`` follow
-    ``graph.edge_index``; they are put in CSR order here (a gather that
-    autograd undoes). The weights, when asked for, are recomputed from the
-    saved log-sum-exp (``|E| x H`` numbers) and are those before dropout.
+    ``score_bias`` ``[|E|, H]``, ``value_bias`` ``[|E|, H, Cv]`` and
+    ``edge_attr`` ``[|E|, F]`` follow ``graph.edge_index``; they are put in
+    CSR order here (a gather that autograd undoes). The weights, when asked
+    for, are recomputed from the saved log-sum-exp (``|E| x H`` numbers) and
+    are those before dropout.
+
+    Edge features (see :func:`gnnattn.attention`) by linearity, with no
+    ``|E| x (H*C)`` tensor: ``q_i . W_k a_ij = (W_k^T q_i) . a_ij``, so the
+    kernel gets the edge query ``scale * W_k^T q_i`` ``[N, H, F]``, and
+    ``sum_j P_ij W_v a_ij = W_v sum_j P_ij a_ij``, so ``W_v`` maps the
+    kernel's ``edge_out`` ``[N, H, F]``. Both maps are torch ops: autograd
+    takes the weights' gradients from the kernel's ``edge_query`` and
+    ``edge_out`` gradients.
 
     Returns:
         ``out`` ``[N, H, Cv]`` (typed like ``q``), ``lse`` ``[N, H]`` (float32,
@@ -132,26 +154,44 @@ def fused_attention(
         return (t if perm is None else t[perm]).to(dtype).contiguous()
 
     qc, kc, vc = (t.to(dtype).contiguous() for t in (q, k, v))
-    bc, vbc = csr_order(score_bias), csr_order(value_bias)
+    bc, vbc, eac = csr_order(score_bias), csr_order(value_bias), csr_order(edge_attr)
+    h, c, cv = q.shape[1], q.shape[2], v.shape[2]
+    eqc = None
+    if edge_attr is not None and edge_key is not None:
+        wk = edge_key.view(h, c, -1).to(dtype)  # (H, C, F)
+        eqc = (torch.einsum("nhc,hcf->nhf", qc, wk) * scale).contiguous()  # (N, H, F)
     if torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (qc, kc, vc, bc, vbc)
+        t is not None and t.requires_grad for t in (qc, kc, vc, bc, vbc, eac, eqc)
     ):
         # The backward walks the transposed CSR: build it and its plan (once
         # per graph) now, before the forward's activations exist, not in the
         # backward, where its sort would add to the peak memory.
         _plan(graph, kernels.get(q.device), "csc")
-    out, lse = _FusedAttention.apply(qc, kc, vc, bc, vbc, graph, scale, dropout)
-    weights = _weights(qc, kc, graph, scale, lse, bc) if need_weights else None
+    out, lse, eo = _FusedAttention.apply(qc, kc, vc, bc, vbc, eac, eqc, graph, scale, dropout)
+    if eo is not None and edge_value is not None:
+        wv = edge_value.view(h, cv, -1).to(dtype)  # (H, Cv, F)
+        out = out + torch.einsum("nhf,hcf->nhc", eo, wv)  # (N, H, Cv)
+    weights = _weights(qc, kc, graph, scale, lse, bc, eac, eqc) if need_weights else None
     return out.to(q.dtype), lse, (weights.to(q.dtype) if weights is not None else None)
 
 
 @torch.no_grad()
 def _weights(
-    q: Tensor, k: Tensor, graph: AttentionGraph, scale: float, lse: Tensor, bias: Tensor | None
+    q: Tensor,
+    k: Tensor,
+    graph: AttentionGraph,
+    scale: float,
+    lse: Tensor,
+    bias: Tensor | None,
+    edge_attr: Tensor | None = None,
+    edge_query: Tensor | None = None,
 ) -> Tensor:
     """The weights ``[|E|, H]`` in ``graph.edge_index`` order, from the saved ``lse``."""
     csr, ref = graph.csr, kernels.reference
-    w = ref.attention_weights(q, k, csr.ptr, csr.col, scale, lse.to(q.dtype), bias)
+    w = ref.attention_weights(
+        q, k, csr.ptr, csr.col, scale, lse.to(q.dtype), bias,
+        edge_attr=edge_attr, edge_query=edge_query,
+    )  # fmt: skip
     # The scores recomputed here and the kernel's log-sum-exp differ by
     # rounding; renormalizing makes every row sum to 1 and keeps each weight
     # <= 1 exactly, as on the other backends.

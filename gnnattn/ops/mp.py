@@ -42,6 +42,7 @@ class MessagePassingAttention(MessagePassing):
         "query": Tensor,
         "key": Tensor,
         "score_bias": Optional[Tensor],  # noqa: UP045 - PyG reads these hints at runtime
+        "key_bias": Optional[Tensor],  # noqa: UP045
         "scale": float,
     }
     propagate_type = {"value": Tensor, "alpha": Tensor, "value_bias": Optional[Tensor]}  # noqa: UP045
@@ -50,8 +51,15 @@ class MessagePassingAttention(MessagePassing):
         super().__init__(aggr="add", node_dim=0)
 
     def edge_update(  # type: ignore[override]
-        self, query_i: Tensor, key_j: Tensor, score_bias: Tensor | None, scale: float
+        self,
+        query_i: Tensor,
+        key_j: Tensor,
+        score_bias: Tensor | None,
+        key_bias: Tensor | None,
+        scale: float,
     ) -> Tensor:
+        if key_bias is not None:
+            key_j = key_j + key_bias  # (E, H, C): PyG's k_j + W_k a_ij
         score = (query_i * key_j).sum(dim=-1) * scale  # (E, H)
         return score + score_bias if score_bias is not None else score
 
@@ -93,17 +101,31 @@ def mp_attention(
     value_bias: Tensor | None = None,
     dropout: Dropout | None = None,
     return_lse: bool = False,
+    edge_attr: Tensor | None = None,
+    edge_key: Tensor | None = None,
+    edge_value: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor]:
     """The ``"mp"`` backend: ``(out [N, H, Cv], lse [N, H] or None, alpha [|E|, H])``.
 
     ``alpha`` are the weights before dropout, in ``graph.edge_index`` order.
+    Edge features are applied the direct way, as PyG's ``TransformerConv``
+    does (the reference the fused path's algebra is tested against): the
+    keys ``k_j + W_k a_ij`` and values ``v_j + W_v a_ij`` per edge.
     """
     mp = PROPAGATE
     edge_index = graph.edge_index
     size = (k.shape[0], q.shape[0])
+    h = q.shape[1]
+    key_bias = None
+    if edge_attr is not None and edge_key is not None:
+        key_bias = (edge_attr @ edge_key.T).view(-1, h, q.shape[2])  # (E, H, C)
+    if edge_attr is not None and edge_value is not None:
+        vb = (edge_attr @ edge_value.T).view(-1, h, v.shape[2])  # (E, H, Cv)
+        value_bias = vb if value_bias is None else value_bias + vb
     score = mp.edge_updater(
-        edge_index, query=q, key=k, score_bias=score_bias, scale=scale, size=size
-    )  # (E, H)
+        edge_index, query=q, key=k, score_bias=score_bias, key_bias=key_bias, scale=scale,
+        size=size,
+    )  # fmt: skip
     n = q.shape[0]
     index = edge_index[1]
     # Edges in target order (the builders' and PyG's sorted order): the CSR

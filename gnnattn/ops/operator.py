@@ -60,6 +60,9 @@ def _check(
     graph: AttentionGraph,
     score_bias: Tensor | None,
     value_bias: Tensor | None,
+    edge_attr: Tensor | None = None,
+    edge_key: Tensor | None = None,
+    edge_value: Tensor | None = None,
 ) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(t, name)
@@ -102,6 +105,52 @@ def _check(
             raise TypeError(
                 f"Expected '{name}' floating and on {q.device}, got {t.dtype} on {t.device}"
             )
+    _check_edge(q, v, graph, edge_attr, edge_key, edge_value)
+
+
+def _check_edge(
+    q: Tensor,
+    v: Tensor,
+    graph: AttentionGraph,
+    edge_attr: Tensor | None,
+    edge_key: Tensor | None,
+    edge_value: Tensor | None,
+) -> None:
+    if edge_attr is None:
+        if edge_key is not None or edge_value is not None:
+            raise ValueError(
+                "Expected 'edge_attr' with 'edge_key' / 'edge_value' (they map its rows), got None"
+            )
+        return
+    if edge_key is None and edge_value is None:
+        raise ValueError(
+            "Expected 'edge_key' and/or 'edge_value' with 'edge_attr' (the weights that map "
+            "the edge features into the keys and values), got neither"
+        )
+    check_tensor(edge_attr, "edge_attr")
+    if edge_attr.dim() != 2 or edge_attr.shape[0] != graph.num_edges:
+        raise ValueError(
+            f"Expected 'edge_attr' of shape [{graph.num_edges}, F] (one row per edge of the "
+            f"graph), got {list(edge_attr.shape)}"
+        )
+    f, h = edge_attr.shape[1], q.shape[1]
+    for name, w, width in (
+        ("edge_key", edge_key, h * q.shape[2]),
+        ("edge_value", edge_value, h * v.shape[2]),
+    ):
+        if w is None:
+            continue
+        check_tensor(w, name)
+        if tuple(w.shape) != (width, f):
+            raise ValueError(
+                f"Expected '{name}' of shape [{width}, {f}] (the weight of a bias-free "
+                f"Linear({f}, {width})), got {list(w.shape)}"
+            )
+    for name, t in (("edge_attr", edge_attr), ("edge_key", edge_key), ("edge_value", edge_value)):
+        if t is not None and (not t.is_floating_point() or t.device != q.device):
+            raise TypeError(
+                f"Expected '{name}' floating and on {q.device}, got {t.dtype} on {t.device}"
+            )
 
 
 def _edge_lse(q: Tensor, k: Tensor, graph: AttentionGraph, scale: float) -> Tensor:
@@ -124,6 +173,9 @@ def attention(
     backend: str = "auto",
     return_lse: bool = False,
     need_weights: bool = False,
+    edge_attr: Tensor | None = None,
+    edge_key: Tensor | None = None,
+    edge_value: Tensor | None = None,
 ) -> Tensor | AttentionOutput:
     r"""Attention of ``q`` over ``k``, ``v`` along the edges of ``graph``.
 
@@ -150,6 +202,18 @@ def attention(
             (default: :obj:`False`)
         need_weights (bool, optional): also return the weights.
             (default: :obj:`False`)
+        edge_attr (Tensor, optional): ``[|E|, F]`` raw edge features, in
+            ``graph.edge_index`` order, mapped into the keys and values as
+            PyG's ``TransformerConv`` does: the score of an edge is
+            ``scale * q_i . (k_j + W_k a_ij)`` and its message
+            ``v_j + W_v a_ij``. The ``"fused"`` backend computes that by
+            linearity (``(W_k^T q_i) . a_ij`` in the kernel,
+            ``W_v sum_j P_ij a_ij`` after it), with no ``|E| x (H*C)``
+            tensor; ``"mp"`` the direct way. (default: :obj:`None`)
+        edge_key (Tensor, optional): ``W_k`` ``[H*C, F]``, the weight of a
+            bias-free ``Linear(F, H*C)``. (default: :obj:`None`)
+        edge_value (Tensor, optional): ``W_v`` ``[H*Cv, F]``.
+            (default: :obj:`None`)
 
     Returns:
         ``out`` ``[N, H, Cv]``, or an :class:`AttentionOutput` when
@@ -168,7 +232,7 @@ def attention(
         >>> res.backend, res.lse.shape
         ('fused', torch.Size([5, 2]))
     """
-    _check(q, k, v, graph, score_bias, value_bias)
+    _check(q, k, v, graph, score_bias, value_bias, edge_attr, edge_key, edge_value)
     p = check_float(dropout_p, "dropout_p", lo=0.0, hi=1.0)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_float(scale, "scale")
     choice = backend_for(
@@ -178,10 +242,13 @@ def attention(
         score_bias=score_bias is not None,
         value_bias=value_bias is not None,
         dropout_p=p,
+        edge_attr=edge_attr is not None,
     )
+    edges = (edge_attr, edge_key, edge_value)
     out, lse, weights = _run(
-        choice.backend, q, k, v, graph, scale, score_bias, value_bias, p, return_lse, need_weights
-    )
+        choice.backend, q, k, v, graph, scale, score_bias, value_bias, p, return_lse, need_weights,
+        edges,
+    )  # fmt: skip
     if not (return_lse or need_weights):
         return out
     return AttentionOutput(
@@ -207,6 +274,7 @@ def _run(
     p: float,
     return_lse: bool,
     need_weights: bool,
+    edges: tuple[Tensor | None, Tensor | None, Tensor | None] = (None, None, None),
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """``(out, lse, weights)`` of one backend (``lse``/``weights`` may be ``None``
     when not asked for)."""
@@ -219,12 +287,13 @@ def _run(
         out, weights = sdpa_attention(q, k, v, graph, scale, dropout_p=p, need_weights=need_weights)
         return out, (_edge_lse(q, k, graph, scale) if return_lse else None), weights
     dropout = draw_dropout(p) if p > 0 else None
+    ea, ek, ev = edges
     if backend == "fused":
         return fused_attention(
             q, k, v, graph, scale, score_bias=score_bias, value_bias=value_bias,
-            dropout=dropout, need_weights=need_weights,
+            dropout=dropout, need_weights=need_weights, edge_attr=ea, edge_key=ek, edge_value=ev,
         )  # fmt: skip
     return mp_attention(
         q, k, v, graph, scale, score_bias=score_bias, value_bias=value_bias, dropout=dropout,
-        return_lse=return_lse,
+        return_lse=return_lse, edge_attr=ea, edge_key=ek, edge_value=ev,
     )  # fmt: skip

@@ -25,6 +25,17 @@ FlashAttention's recomputation: the weights come back from the forward's
   (bias, value bias, dropout counter) are read at the edge's CSR position
   ``tperm[t]``.
 
+**Edge features** (``ea`` ``[E, F]`` in CSR order, the edge query ``eq``
+``[N, H*F]``, the gradient ``gg`` ``[N, H*F]`` of the forward's ``edge_out``):
+the score gains ``eq_i . ea_ij`` and ``dp_ij`` gains ``f_ij gg_i . ea_ij``
+(``edge_out_i = sum_j alpha_ij f_ij ea_ij``, so its gradient reaches
+``alpha`` as ``v``'s does), and the destination pass, which reads ``ea_ij``
+in order anyway, also accumulates ``d eq_i = sum_j dS_ij ea_ij`` per target
+and writes ``d ea_ij = sum_h dS_ij^h eq_i^h + alpha_ij^h f_ij^h gg_i^h`` per
+edge. The source pass then reads the stored ``dS`` (as with a value bias)
+and needs only the score's edge term: ``eq_i`` (one more gathered row of
+``H*F``) and ``ea`` at the edge's CSR position.
+
 So the backward makes no ``[E, H]`` arrays (without edge features) and does
 not need the forward's output. ``D_i`` is the ratio of two sums over the
 edges rather than ``dout_i . out_i``: ``sum_j alpha_ij`` is 1 up to the
@@ -38,12 +49,23 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import prange
+from numba.extending import overload
 
 from ._edge import (
+    _OL,
+    _add_g,
+    _dea_add,
+    _dea_add_kept,
+    _dea_zero,
+    _eacc_axpy,
     _edge_dp,
+    _edge_score,
+    _edge_score_call,
     _factor,
     _msg_dot,
+    _none,
     _prefetch_at,
+    _prefetch_opt,
     _score,
     _src_ds,
     _uses_order,
@@ -58,8 +80,9 @@ _CACHE = 512
 
 @numba.njit(**_INLINE)
 def _dst_delta(
-    q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, col, s0, e0, scale, wa, wp, dl, dvb
-):  # pragma: no cover - compiled
+    q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, col, s0, e0, scale, wa, wp,
+    dl, dvb,
+):  # pragma: no cover - compiled  # fmt: skip
     """Partial sums of ``D_i`` over ``s0:e0``: ``dl[h] = sum_j alpha_ij dp_ij``,
     ``dl[H + h] = sum_j alpha_ij``; writes the value bias's gradient.
 
@@ -82,9 +105,10 @@ def _dst_delta(
             _prefetch_row(v, jj)
         j = col[e] & _NN
         for h in range(nh):
-            a = _weight(_score(q, i, k, j, h, cq, scale, bias, e, has_bias), lse[i, h], zero)
+            s = _edge_score(_score(q, i, k, j, h, cq, scale, bias, e, has_bias), eq, i, ea, e, h)
+            a = _weight(s, lse[i, h], zero)
             f = _factor(key, dscale, e, h, nh, one)
-            dp = _msg_dot(dout, i, v, j, vb, e, h * cv, cv) * f
+            dp = _add_g(_msg_dot(dout, i, v, j, vb, e, h * cv, cv), gg, i, ea, e, h) * f
             _vb_grad(dvb, e, a * f, dout, i, h * cv, cv)
             dl[h] += a * dp
             dl[nh + h] += a
@@ -107,11 +131,12 @@ def _delta(dl, ld, i):  # pragma: no cover - compiled
 # fmt: off
 @numba.njit(**_INLINE)
 def _dst_grad(
-    q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, col, s0, e0, scale, wa, wp, ld, acc,
-    dbias,
+    q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, col, s0, e0, scale, wa, wp,
+    ld, acc, dbias, eacc, dea,
 ):  # pragma: no cover - compiled
 # fmt: on
-    """``dq_i += sum_j dS_ij k_j`` over ``s0:e0`` into ``acc`` (and ``dS`` into ``dbias``)."""
+    """``dq_i += sum_j dS_ij k_j`` over ``s0:e0`` into ``acc`` (and ``dS`` into ``dbias``);
+    with edge features ``d eq_i += sum_j dS_ij ea_ij`` into ``eacc`` and ``d ea`` into ``dea``."""
     nh = ld.shape[1] // 2
     cq = q.shape[1] // nh
     cv = v.shape[1] // nh
@@ -127,24 +152,63 @@ def _dst_grad(
             _prefetch_row(k, jj)
             _prefetch_row(v, jj)
         j = col[e] & _NN
+        _dea_zero(dea, e)
         for h in range(nh):
             if cached:
                 a = wa[h, t]
                 dp = wp[h, t]
             else:
                 s = _score(q, i, k, j, h, cq, scale, bias, e, has_bias)
-                a = _weight(s, lse[i, h], zero)
-                dp = _edge_dp(dout, i, v, j, vb, e, key, dscale, h, nh, one, h * cv, cv)
+                a = _weight(_edge_score_call(s, eq, i, ea, e, h), lse[i, h], zero)
+                dp = _edge_dp(dout, i, v, j, vb, e, key, dscale, h, nh, one, h * cv, cv, gg, ea)
             ds = a * (dp - ld[i, nh + h])
             if keep_ds:
                 dbias[e, h] = ds
             _axpy(acc, ds * scale, k, j, h * cq, cq)
+            _eacc_axpy(eacc, ds, ea, e, h)
+            _dea_add(dea, e, ds, eq, i, h)
+            _dea_add_kept(dea, e, a, key, dscale, nh, one, gg, i, h)
+
+
+def _store_row(out, i, acc):  # pragma: no cover - compiled only
+    """``out[i] = acc`` (nothing when ``out`` is absent)."""
+
+
+def _sum_rows(out, i, parts, x0, x1):  # pragma: no cover - compiled only
+    """``out[i] = sum_{x0 <= x < x1} parts[x]`` (nothing when ``out`` is absent)."""
+
+
+@overload(_store_row, **_OL)
+def _store_row_ol(out, i, acc):  # pragma: no cover - compiled
+    if _none(out):
+        return lambda out, i, acc: None
+
+    def impl(out, i, acc):
+        for c in range(acc.shape[0]):
+            out[i, c] = acc[c]
+
+    return impl
+
+
+@overload(_sum_rows, **_OL)
+def _sum_rows_ol(out, i, parts, x0, x1):  # pragma: no cover - compiled
+    if _none(out):
+        return lambda out, i, parts, x0, x1: None
+
+    def impl(out, i, parts, x0, x1):
+        for c in range(parts.shape[1]):
+            d = parts.dtype.type(0)
+            for x in range(x0 & _NN, x1):
+                d += parts[x, c]
+            out[i, c] = d
+
+    return impl
 
 
 @numba.njit(**_JIT)
 def _bwd_dst_kernel(
-    q, k, v, dout, lse, bias, has_bias, vb, key, dscale, ptr, col, scale, bounds, limit, dq, ld,
-    dbias, dvb,
+    q, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, nf, ptr, col, scale, bounds,
+    limit, dq, ld, dbias, dvb, deq, dea,
 ):  # pragma: no cover - compiled  # fmt: skip
     nh = lse.shape[1]
     cq = q.shape[1] // nh
@@ -154,40 +218,46 @@ def _bwd_dst_kernel(
         wp = np.empty((nh, _CACHE), dtype=q.dtype)
         dl = np.empty(2 * nh, dtype=q.dtype)
         acc = np.empty(nh * cq, dtype=q.dtype)
+        # d edge_query's accumulator (size 0 without edge features: nf = 0).
+        eacc = np.empty(nh * nf, dtype=q.dtype)
         for i in range(bounds[ch] & _NN, bounds[ch + 1]):
             s0, e0 = ptr[i], ptr[i + 1]
             if e0 - s0 > limit:
                 continue  # a hub: _bwd_dst_pieces_kernel
             _dst_delta(
-                q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, col, s0, e0, scale, wa, wp,
-                dl, dvb,
+                q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, col, s0, e0,
+                scale, wa, wp, dl, dvb,
             )  # fmt: skip
             _delta(dl, ld, i)
             acc[:] = zero
+            eacc[:] = zero
             _dst_grad(
-                q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, col, s0, e0, scale, wa, wp,
-                ld, acc, dbias,
+                q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, col, s0, e0,
+                scale, wa, wp, ld, acc, dbias, eacc, dea,
             )  # fmt: skip
             for c in range(nh * cq):
                 dq[i, c] = acc[c]
+            _store_row(deq, i, eacc)
 
 
 @numba.njit(**_JIT)
 def _bwd_dst_pieces_kernel(
-    q, k, v, dout, lse, bias, has_bias, vb, key, dscale, col, scale, pieces, seg, dq, ld, dbias, dvb
-):  # pragma: no cover - compiled
+    q, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, nf, col, scale, pieces, seg,
+    dq, ld, dbias, dvb, deq, dea,
+):  # pragma: no cover - compiled  # fmt: skip
     nh = lse.shape[1]
     cq = q.shape[1] // nh
     zero = q.dtype.type(0)
     npc = pieces.shape[0]
     pd = np.empty((npc, 2 * nh), dtype=q.dtype)
     pa = np.zeros((npc, nh * cq), dtype=q.dtype)
+    pe = np.zeros((npc, nh * nf), dtype=q.dtype)
     # Pieces are longer than the kept-weights cache: both sweeps recompute.
     nokeep = np.empty((nh, 0), dtype=q.dtype)
     for x in prange(npc):
         _dst_delta(
-            q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, vb, key, dscale, col, pieces[x,
-            1], pieces[x, 2], scale, nokeep, nokeep, pd[x], dvb,
+            q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg,
+            col, pieces[x, 1], pieces[x, 2], scale, nokeep, nokeep, pd[x], dvb,
         )  # fmt: skip
     for s in prange(seg.shape[0] - 1):
         dl = np.zeros(2 * nh, dtype=q.dtype)
@@ -197,8 +267,8 @@ def _bwd_dst_pieces_kernel(
         _delta(dl, ld, pieces[seg[s], 0] & _NN)
     for x in prange(npc):
         _dst_grad(
-            q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, vb, key, dscale, col, pieces[x,
-            1], pieces[x, 2], scale, nokeep, nokeep, ld, pa[x], dbias,
+            q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg,
+            col, pieces[x, 1], pieces[x, 2], scale, nokeep, nokeep, ld, pa[x], dbias, pe[x], dea,
         )  # fmt: skip
     for s in prange(seg.shape[0] - 1):
         i = pieces[seg[s], 0] & _NN
@@ -207,12 +277,14 @@ def _bwd_dst_pieces_kernel(
             for x in range(seg[s] & _NN, seg[s + 1]):
                 d += pa[x, c]
             dq[i, c] = d
+        _sum_rows(deq, i, pe, seg[s], seg[s + 1])
 
 
 @numba.njit(**_INLINE)
 def _src_segment(
-    q, k, j, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, trow, tperm, t0, t1, scale, ak, av
-):  # pragma: no cover - compiled
+    q, k, j, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, ea, eq, trow, tperm, t0, t1, scale,
+    ak, av,
+):  # pragma: no cover - compiled  # fmt: skip
     """``dk_j``, ``dv_j`` over the outgoing edges ``t0:t1`` of source ``j`` into ``ak``, ``av``."""
     nh = ld.shape[1] // 2
     cq = q.shape[1] // nh
@@ -229,10 +301,13 @@ def _src_segment(
             _prefetch(ld, ii, 0)
             _prefetch_at(vb, tperm, t + _AHEAD)
             _prefetch_at(dsv, tperm, t + _AHEAD)
+            _prefetch_opt(eq, ii)
+            _prefetch_at(ea, tperm, t + _AHEAD)
         i = trow[t] & _NN
         e = (tperm[t] & _NN) if by_pos else t
         for h in range(nh):
-            a = _weight(_score(q, i, k, j, h, cq, scale, bias, e, has_bias), ld[i, h], zero)
+            s = _edge_score(_score(q, i, k, j, h, cq, scale, bias, e, has_bias), eq, i, ea, e, h)
+            a = _weight(s, ld[i, h], zero)
             f = _factor(key, dscale, e, h, nh, one)
             g = _src_ds(dsv, e, h, a, f, dout, i, v, j, vb, ld[i, nh + h], h * cv, cv) * scale
             _axpy(av, a * f, dout, i, h * cv, cv)
@@ -242,8 +317,8 @@ def _src_segment(
 # fmt: off
 @numba.njit(**_JIT)
 def _bwd_src_kernel(
-    q, k, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, tptr, trow, tperm, scale, bounds,
-    limit, dk, dv,
+    q, k, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, ea, eq, tptr, trow, tperm, scale,
+    bounds, limit, dk, dv,
 ):  # pragma: no cover - compiled
 # fmt: on
     nh = ld.shape[1] // 2
@@ -260,8 +335,8 @@ def _bwd_src_kernel(
             ak[:] = zero
             av[:] = zero
             _src_segment(
-                q, k, j, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, trow, tperm, t0, t1,
-                scale, ak, av
+                q, k, j, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, ea, eq, trow, tperm,
+                t0, t1, scale, ak, av,
             )  # fmt: skip
             for c in range(nh * cq):
                 dk[j, c] = ak[c]
@@ -271,8 +346,9 @@ def _bwd_src_kernel(
 
 @numba.njit(**_JIT)
 def _bwd_src_pieces_kernel(
-    q, k, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, trow, tperm, scale, pieces, seg, dk, dv
-):  # pragma: no cover - compiled
+    q, k, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, ea, eq, trow, tperm, scale, pieces,
+    seg, dk, dv,
+):  # pragma: no cover - compiled  # fmt: skip
     nh = ld.shape[1] // 2
     cq = q.shape[1] // nh
     cv = v.shape[1] // nh
@@ -282,8 +358,8 @@ def _bwd_src_pieces_kernel(
     pv = np.zeros((npc, nh * cv), dtype=q.dtype)
     for x in prange(npc):
         _src_segment(
-            q, k, pieces[x, 0] & _NN, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, trow,
-            tperm, pieces[x, 1], pieces[x, 2], scale, pk[x], pv[x],
+            q, k, pieces[x, 0] & _NN, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, ea, eq,
+            trow, tperm, pieces[x, 1], pieces[x, 2], scale, pk[x], pv[x],
         )  # fmt: skip
     for s in prange(seg.shape[0] - 1):
         j = pieces[seg[s], 0] & _NN

@@ -20,6 +20,15 @@ into the body of a ``prange`` loop. The source pass's ``dsv`` (the score
 gradient the destination pass stored, with a value bias) is chosen the same
 way.
 
+**Edge features.** The raw edge features ``ea`` ``[E, F]`` (CSR order, read
+sequentially like the value bias), the per-target edge query ``eq``
+``[N, H*F]`` (its score term ``eq_i^h . ea_e``), the gradient of the
+forward's ``edge_out`` ``gg`` ``[N, H*F]`` and the per-target accumulators of
+``edge_out`` / ``d edge_query`` (``eacc``, ``[H*F]``) follow the same rule:
+``None`` compiles the helpers below to nothing, so the kernels without edge
+features are those the options had before. (``eacc`` is a size-0 array then,
+allocated once per chunk; every helper that touches it is keyed on ``ea``.)
+
 The overloads are inlined into the kernels by numba (``inline="always"``),
 before LLVM optimizes the kernels' loops: compiled as separate functions and
 inlined by LLVM afterwards, they left the plain forward measurably slower.
@@ -107,6 +116,46 @@ def _src_ds(dsv, e, h, a, f, dout, i, v, j, vb, d, lo, n):  # pragma: no cover -
     destination pass stored it (``dsv`` not ``None``)."""
 
 
+def _edge_score(s, eq, i, ea, e, h):  # pragma: no cover - compiled only
+    """``s + eq_i^h . ea_e`` (``s`` without an edge query)."""
+
+
+def _add_g(x, gg, i, ea, e, h):  # pragma: no cover - compiled only
+    """``x + gg_i^h . ea_e``: the ``edge_out`` gradient's term of ``dp`` (``x`` without one)."""
+
+
+def _eacc_axpy(eacc, w, ea, e, h):  # pragma: no cover - compiled only
+    """``eacc^h += w * ea_e`` (nothing without edge features)."""
+
+
+def _eacc_scale(eacc, corr, ea, h):  # pragma: no cover - compiled only
+    """``eacc^h *= corr`` (the online softmax's rescale; nothing without edge features)."""
+
+
+def _eacc_merge(eacc, f, pe, x, ea, h):  # pragma: no cover - compiled only
+    """``eacc^h += f * pe[x]^h`` (a hub piece's accumulator; nothing without edge features)."""
+
+
+def _eacc_store(eo, i, eacc, inv, ea):  # pragma: no cover - compiled only
+    """``eo[i] = eacc * inv[h]`` per head (nothing without edge features)."""
+
+
+def _dea_zero(dea, e):  # pragma: no cover - compiled only
+    """``dea[e] = 0`` (nothing without edge features)."""
+
+
+def _dea_add(dea, e, w, src, i, h):  # pragma: no cover - compiled only
+    """``dea[e] += w * src_i^h`` (nothing when ``dea`` or ``src`` is absent)."""
+
+
+def _dea_add_kept(dea, e, a, key, dscale, nh, one, gg, i, h):  # pragma: no cover - compiled only
+    """``dea[e] += a * f * gg_i^h`` (``f`` the dropout factor; nothing without ``gg``)."""
+
+
+def _prefetch_opt(a, i):  # pragma: no cover - compiled only
+    """Prefetch row ``a[i]`` of an optional per-target array (nothing when absent)."""
+
+
 def _none(x) -> bool:
     return isinstance(x, types.NoneType)
 
@@ -137,9 +186,19 @@ def _msg_axpy_ol(acc, w, v, j, vb, e, lo, n):  # pragma: no cover - compiled
 # A call, not inlined: numba's typed inlining of the overloads above into a
 # branch (where _dst_grad recomputes) trips its SSA checks.
 @numba.njit(cache=True, fastmath=set(_FAST))
-def _edge_dp(dout, i, v, j, vb, e, key, dscale, h, nh, one, lo, n):  # pragma: no cover - compiled
-    """``dp`` of edge ``e``, head ``h``: ``f * dout_i^h . (v_j^h + vb_e^h)``."""
-    return _msg_dot(dout, i, v, j, vb, e, lo, n) * _factor(key, dscale, e, h, nh, one)
+def _edge_dp(
+    dout, i, v, j, vb, e, key, dscale, h, nh, one, lo, n, gg, ea
+):  # pragma: no cover - compiled
+    """``dp`` of edge ``e``, head ``h``: ``f * (dout_i^h . (v_j^h + vb_e^h) + gg_i^h . ea_e)``."""
+    dp = _add_g(_msg_dot(dout, i, v, j, vb, e, lo, n), gg, i, ea, e, h)
+    return dp * _factor(key, dscale, e, h, nh, one)
+
+
+# A call, not inlined, for the same reason as _edge_dp.
+@numba.njit(cache=True, fastmath=set(_FAST))
+def _edge_score_call(s, eq, i, ea, e, h):  # pragma: no cover - compiled
+    """:func:`_edge_score` for a branch (see :func:`_edge_dp`)."""
+    return _edge_score(s, eq, i, ea, e, h)
 
 
 @numba.njit(**_INLINE)
@@ -178,3 +237,142 @@ def _src_ds_ol(dsv, e, h, a, f, dout, i, v, j, vb, d, lo, n):  # pragma: no cove
             a * (_msg_dot(dout, i, v, j, vb, e, lo, n) * f - d)
         )
     return lambda dsv, e, h, a, f, dout, i, v, j, vb, d, lo, n: dsv[e, h]
+
+
+# ------------------------------------------------------------------ edge features
+
+
+@numba.njit(**_INLINE)
+def _edge_dot(eq, i, ea, e, h):  # pragma: no cover - compiled
+    """``sum_c eq[i, h*F + c] * ea[e, c]``: a per-target row's head ``h`` against an edge's
+    features."""
+    nf = ea.shape[1]
+    lo = (h * nf) & _NN
+    e = e & _NN
+    r = eq.dtype.type(0)
+    for c in range(nf):
+        r += eq[i, lo + c] * ea[e, c]
+    return r
+
+
+@overload(_edge_score, **_OL)
+def _edge_score_ol(s, eq, i, ea, e, h):  # pragma: no cover - compiled
+    if _none(eq):
+        return lambda s, eq, i, ea, e, h: s
+    return lambda s, eq, i, ea, e, h: s + _edge_dot(eq, i, ea, e, h)
+
+
+@overload(_add_g, **_OL)
+def _add_g_ol(x, gg, i, ea, e, h):  # pragma: no cover - compiled
+    if _none(gg):
+        return lambda x, gg, i, ea, e, h: x
+    return lambda x, gg, i, ea, e, h: x + _edge_dot(gg, i, ea, e, h)
+
+
+@numba.njit(**_INLINE)
+def _eacc_axpy_impl(eacc, w, ea, e, h):  # pragma: no cover - compiled
+    nf = ea.shape[1]
+    lo = (h * nf) & _NN
+    e = e & _NN
+    for c in range(nf):
+        eacc[lo + c] += w * ea[e, c]
+
+
+@overload(_eacc_axpy, **_OL)
+def _eacc_axpy_ol(eacc, w, ea, e, h):  # pragma: no cover - compiled
+    if _none(ea):
+        return lambda eacc, w, ea, e, h: None
+    return lambda eacc, w, ea, e, h: _eacc_axpy_impl(eacc, w, ea, e, h)
+
+
+@numba.njit(**_INLINE)
+def _eacc_scale_impl(eacc, corr, ea, h):  # pragma: no cover - compiled
+    nf = ea.shape[1]
+    lo = (h * nf) & _NN
+    for c in range(nf):
+        eacc[lo + c] *= corr
+
+
+@overload(_eacc_scale, **_OL)
+def _eacc_scale_ol(eacc, corr, ea, h):  # pragma: no cover - compiled
+    if _none(ea):
+        return lambda eacc, corr, ea, h: None
+    return lambda eacc, corr, ea, h: _eacc_scale_impl(eacc, corr, ea, h)
+
+
+@overload(_eacc_merge, **_OL)
+def _eacc_merge_ol(eacc, f, pe, x, ea, h):  # pragma: no cover - compiled
+    if _none(ea):
+        return lambda eacc, f, pe, x, ea, h: None
+    return lambda eacc, f, pe, x, ea, h: _axpy(eacc, f, pe, x, h * ea.shape[1], ea.shape[1])
+
+
+@numba.njit(**_INLINE)
+def _eacc_store_impl(eo, i, eacc, inv, ea):  # pragma: no cover - compiled
+    nf = ea.shape[1]
+    for h in range(inv.shape[0]):
+        lo = (h * nf) & _NN
+        for c in range(nf):
+            eo[i, lo + c] = eacc[lo + c] * inv[h]
+
+
+@overload(_eacc_store, **_OL)
+def _eacc_store_ol(eo, i, eacc, inv, ea):  # pragma: no cover - compiled
+    if _none(ea):
+        return lambda eo, i, eacc, inv, ea: None
+    return lambda eo, i, eacc, inv, ea: _eacc_store_impl(eo, i, eacc, inv, ea)
+
+
+@numba.njit(**_INLINE)
+def _dea_zero_impl(dea, e):  # pragma: no cover - compiled
+    e = e & _NN
+    for c in range(dea.shape[1]):
+        dea[e, c] = dea.dtype.type(0)
+
+
+@overload(_dea_zero, **_OL)
+def _dea_zero_ol(dea, e):  # pragma: no cover - compiled
+    if _none(dea):
+        return lambda dea, e: None
+    return lambda dea, e: _dea_zero_impl(dea, e)
+
+
+@numba.njit(**_INLINE)
+def _dea_add_impl(dea, e, w, src, i, h):  # pragma: no cover - compiled
+    nf = dea.shape[1]
+    lo = (h * nf) & _NN
+    e = e & _NN
+    for c in range(nf):
+        dea[e, c] += w * src[i, lo + c]
+
+
+@overload(_dea_add, **_OL)
+def _dea_add_ol(dea, e, w, src, i, h):  # pragma: no cover - compiled
+    if _none(dea) or _none(src):
+        return lambda dea, e, w, src, i, h: None
+    return lambda dea, e, w, src, i, h: _dea_add_impl(dea, e, w, src, i, h)
+
+
+@overload(_prefetch_opt, **_OL)
+def _prefetch_opt_ol(a, i):  # pragma: no cover - compiled
+    if _none(a):
+        return lambda a, i: None
+    return lambda a, i: _prefetch_row(a, i)
+
+
+# A call, not inlined: inlined into _dst_grad after its branch, _factor's
+# branches trip numba's SSA checks (as in _edge_dp).
+@numba.njit(cache=True, fastmath=set(_FAST))
+def _factor_call(key, dscale, e, h, nh, one):  # pragma: no cover - compiled
+    return _factor(key, dscale, e, h, nh, one)
+
+
+@overload(_dea_add_kept, **_OL)
+def _dea_add_kept_ol(dea, e, a, key, dscale, nh, one, gg, i, h):  # pragma: no cover - compiled
+    if _none(dea) or _none(gg):
+        return lambda dea, e, a, key, dscale, nh, one, gg, i, h: None
+    if _none(key):
+        return lambda dea, e, a, key, dscale, nh, one, gg, i, h: _dea_add_impl(dea, e, a, gg, i, h)
+    return lambda dea, e, a, key, dscale, nh, one, gg, i, h: _dea_add_impl(
+        dea, e, a * _factor_call(key, dscale, e, h, nh, one), gg, i, h
+    )

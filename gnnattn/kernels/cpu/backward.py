@@ -20,6 +20,7 @@ from ._bwd_kernels import (
 from .plans import (
     CPUPlan,
     _bias,
+    _check_edge,
     _check_options,
     _check_plan,
     _check_qkv,
@@ -27,6 +28,7 @@ from .plans import (
     _check_tensors,
     _make_plan,
     _np_dtype,
+    _opt_rows,
     _option_args,
     _rows,
     _scalar,
@@ -65,12 +67,50 @@ def attention_bwd_dst(
         bias) and the value bias's gradient ``[E, H, Cv]`` (``None`` without
         one), all in the compute dtype.
     """
+    dst = _bwd_dst(
+        q, k, v, lse, grad_out, ptr, col, scale, bias, value_bias=value_bias, dropout=dropout,
+        plan=plan,
+    )  # fmt: skip
+    return dst[:4]
+
+
+def _bwd_dst(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+    ptr: Tensor,
+    col: Tensor,
+    scale: float,
+    bias: Tensor | None = None,
+    *,
+    value_bias: Tensor | None = None,
+    dropout: Dropout | None = None,
+    plan: CPUPlan | None = None,
+    edge_attr: Tensor | None = None,
+    edge_query: Tensor | None = None,
+    grad_edge_out: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """:func:`attention_bwd_dst` with the edge features of :func:`attention_bwd`.
+
+    Returns:
+        those of :func:`attention_bwd_dst` (``dS`` also with edge features:
+        the source pass reads it as ``ds=`` then), then ``dedge_attr``
+        ``[E, F]`` and ``dedge_query`` ``[N, H, F]`` in the compute dtype
+        (``None`` without ``edge_attr``, resp. ``edge_query``).
+    """
     e = _check_qkv(q, k, v, bias, ptr, col)
     n, nh, cq = q.shape
     cv = v.shape[2]
     _check_rows("grad_out", grad_out, (n, nh, cv))
     _check_rows("lse", lse, (n, nh))
     drop = _check_options(value_bias, dropout, v, e)
+    nf = _check_edge(edge_attr, edge_query, q, e)
+    if edge_attr is None:
+        grad_edge_out = None
+    elif grad_edge_out is not None:
+        _check_rows("grad_edge_out", grad_edge_out, (n, nh, nf))
     if plan is None:
         plan = _make_plan(ptr, col, k.shape[0], None)
     else:
@@ -82,28 +122,37 @@ def attention_bwd_dst(
     ld = torch.empty(n, 2 * nh, dtype=dt)
     ld[:, :nh] = lse
     ld[:, nh:] = 0
-    # The pass writes every edge's row of these.
-    keep_ds = bias is not None or value_bias is not None
+    # The pass writes every edge's row of these (and every target's of deq).
+    keep_ds = bias is not None or value_bias is not None or edge_attr is not None
     ds = torch.empty(e, nh, dtype=dt) if keep_ds else None
     dvb = torch.empty(e, nh * cv, dtype=dt) if value_bias is not None else None
+    dea = alloc(e, nf, dtype=dt) if edge_attr is not None else None
+    deq = alloc(n, nh * nf, dtype=dt) if edge_query is not None else None
     if e and nh:
         qq, kk, vv, go = _rows(q, dt), _rows(k, dt), _rows(v, dt), _rows(grad_out, dt)
         ll = lse.detach().to(dt).contiguous().numpy()
         bb, sc = _bias(bias, dt, nh), _scalar(scale, dt)
         dd = ds.numpy() if ds is not None else np.empty((0, nh), _np_dtype(dt))
         vb, key, dscale = _option_args(value_bias, drop, dt)
+        ea, eq, gg = (
+            _opt_rows(edge_attr, dt),
+            _opt_rows(edge_query, dt),
+            _opt_rows(grad_edge_out, dt),
+        )
         dvb_np = dvb.numpy() if dvb is not None else None
+        dea_np = dea.numpy() if dea is not None else None
+        deq_np = deq.numpy() if deq is not None else None
         w = plan.work
-        args = (qq, kk, vv, go, ll, bb, bias is not None, vb, key, dscale)
-        _bwd_dst_kernel(
-            *args, plan.ptr, plan.col, sc, w.bounds, w.limit, dq.numpy(), ld.numpy(), dd, dvb_np
-        )  # fmt: skip
+        args = (qq, kk, vv, go, ll, bb, bias is not None, vb, key, dscale, ea, eq, gg, nf)
+        outs = (dq.numpy(), ld.numpy(), dd, dvb_np, deq_np, dea_np)
+        _bwd_dst_kernel(*args, plan.ptr, plan.col, sc, w.bounds, w.limit, *outs)
         if w.pieces.shape[0]:
-            _bwd_dst_pieces_kernel(
-                *args, plan.col, sc, w.pieces, w.seg, dq.numpy(), ld.numpy(), dd, dvb_np
-            )  # fmt: skip
+            _bwd_dst_pieces_kernel(*args, plan.col, sc, w.pieces, w.seg, *outs)
+    elif dea is not None:
+        dea.zero_()  # no head: no term
     dvb_out = dvb.view(e, nh, cv) if dvb is not None else None
-    return dq.view(n, nh, cq), ld, ds, dvb_out
+    deq_out = deq.view(n, nh, nf) if deq is not None else None
+    return dq.view(n, nh, cq), ld, ds, dvb_out, dea, deq_out
 
 
 def attention_bwd_src(
@@ -120,6 +169,8 @@ def attention_bwd_src(
     dropout: Dropout | None = None,
     ds: Tensor | None = None,
     csc_plan: CPUPlan | None = None,
+    edge_attr: Tensor | None = None,
+    edge_query: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The backward's source pass: ``dk`` and ``dv`` over the transposed CSR.
 
@@ -139,6 +190,8 @@ def attention_bwd_src(
         csc_plan: ``plan(tptr, trow, N, perm=tperm)``; made without ``perm``
             it serves calls with ``bias``, ``value_bias``, ``dropout`` or ``ds``
             only together with ``csc`` (whose ``tperm`` is then used unchecked).
+        edge_attr, edge_query: as in :func:`attention_bwd`; with ``edge_attr``
+            ``ds`` is required (the ``edge_out`` gradient enters only through it).
 
     Returns:
         ``dk`` ``[M, H, C]`` and ``dv`` ``[M, H, Cv]`` in the compute dtype.
@@ -172,7 +225,12 @@ def attention_bwd_src(
     if ds is not None:
         _check_rows("ds", ds, (e, nh))
         value_bias = None  # it enters this pass only through dS
+    elif edge_attr is not None:
+        raise ValueError("Expected 'ds' from attention_bwd_dst with 'edge_attr', got None")
     drop = _check_options(value_bias, dropout, v, e)
+    nf = _check_edge(edge_attr, edge_query, q, e)
+    if edge_query is None:
+        edge_attr = None  # without a query it does not enter the scores: not read here
     per_edge = bias is not None or value_bias is not None or drop is not None or ds is not None
     if per_edge and perm is None:
         raise ValueError(
@@ -189,8 +247,10 @@ def attention_bwd_src(
         bb, sc = _bias(bias, dt, nh), _scalar(scale, dt)
         vb, key, dscale = _option_args(value_bias, drop, dt)
         dsv = ds.detach().to(dt).contiguous().numpy() if ds is not None else None
+        ea, eq = _opt_rows(edge_attr, dt), _opt_rows(edge_query, dt)
+        del nf
         w = pl.work
-        args = (qq, kk, vv, go, lld, bb, bias is not None, vb, key, dscale, dsv)
+        args = (qq, kk, vv, go, lld, bb, bias is not None, vb, key, dscale, dsv, ea, eq)
         _bwd_src_kernel(
             *args, pl.ptr, pl.col, tperm_np, sc, w.bounds, w.limit, dk.numpy(), dv.numpy()
         )  # fmt: skip
@@ -235,9 +295,12 @@ def attention_bwd(
     csc: tuple[Tensor, Tensor, Tensor] | None = None,
     plan: CPUPlan | None = None,
     csc_plan: CPUPlan | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+    edge_attr: Tensor | None = None,
+    edge_query: Tensor | None = None,
+    grad_edge_out: Tensor | None = None,
+) -> tuple[Tensor | None, ...]:
     """Gradients of :func:`~gnnattn.kernels.cpu.attention_fwd` w.r.t. ``q``, ``k``, ``v``,
-    ``bias`` and ``value_bias``.
+    ``bias`` and ``value_bias`` (and ``edge_attr``, ``edge_query``).
 
     FlashAttention's recomputation: ``alpha`` comes back from ``lse``. ``dq``,
     ``D_i`` and the per-edge gradients are summed per target over the CSR
@@ -270,12 +333,18 @@ def attention_bwd(
             not needed. ``plan(tptr, trow, N)`` without ``perm`` works too,
             given ``csc``: its ``tperm`` is then trusted to be the plan's (as
             the graph object guarantees) and not range-checked.
+        edge_attr: the forward's ``[E, F]`` edge features, or ``None``.
+        edge_query: the forward's ``[N, H, F]`` edge query, or ``None``.
+        grad_edge_out: ``[N, H, F]`` the gradient of the forward's
+            ``edge_out`` (``None``: zero; ignored without ``edge_attr``).
 
     Returns:
         ``dq``, ``dk``, ``dv`` (typed like ``q``, ``k``, ``v``), ``dbias``
         ``[E, H]`` (the score gradient ``dS``, typed like ``bias``; ``None``
         without a bias) and ``dvalue_bias`` ``[E, H, Cv]`` (typed like
-        ``value_bias``; ``None`` without one).
+        ``value_bias``; ``None`` without one); with ``edge_attr`` also
+        ``dedge_attr`` ``[E, F]`` (summed over heads, typed like it) and
+        ``dedge_query`` ``[N, H, F]`` (``None`` without an edge query).
 
     Raises:
         ValueError: on shapes that do not fit, or ``ptr``/``col`` out of range.
@@ -288,21 +357,29 @@ def attention_bwd(
         _check_rows("out", out, (n, nh, cv))
     if plan is None:
         plan = _make_plan(ptr, col, m, None)  # checked once, for both uses below
-    dq, ld, ds, dvb = attention_bwd_dst(
+    dst = _bwd_dst(
         q, k, v, lse, grad_out, ptr, col, scale, bias, value_bias=value_bias, dropout=dropout,
-        plan=plan,
+        plan=plan, edge_attr=edge_attr, edge_query=edge_query, grad_edge_out=grad_edge_out,
     )  # fmt: skip
+    dq, ld, ds, dvb = dst[:4]
     if csc_plan is not None:
         _check_plan(csc_plan, "csc_plan", m, col.numel(), n)
     elif csc is None:
         # Built from the checked CSR: nothing to check again.
         tptr, trow, tperm = transpose_csr(ptr, col, m)
         csc_plan = _make_plan(tptr, trow, n, tperm, check=False)
-    # With a value bias the source pass reads dS instead of gathering the bias's rows.
+    # With a value bias the source pass reads dS instead of gathering the bias's rows;
+    # with edge features too (the edge_out gradient enters dS through dp).
     dk, dv = attention_bwd_src(
         q, k, v, ld, grad_out, csc, scale, bias, dropout=dropout,
-        ds=ds if value_bias is not None else None, csc_plan=csc_plan,
+        ds=ds if value_bias is not None or edge_attr is not None else None, csc_plan=csc_plan,
+        edge_attr=edge_attr, edge_query=edge_query,
     )  # fmt: skip
     dbias = ds.to(bias.dtype) if bias is not None and ds is not None else None
     dvalue_bias = dvb.to(value_bias.dtype) if value_bias is not None and dvb is not None else None
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias, dvalue_bias
+    res = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias, dvalue_bias)
+    if edge_attr is None:
+        return res
+    dea, deq = dst[4:]
+    assert dea is not None
+    return (*res, dea.to(edge_attr.dtype), deq.to(q.dtype) if deq is not None else None)

@@ -9,6 +9,11 @@ edge the pass gathers ``k_j`` and ``v_j``; ``q_i`` and ``out_i`` are read and
 written once per target; no ``[E, C]`` array is made. Hubs are reduced in
 pieces whose ``(max, sum, acc)`` are merged in piece order.
 
+With edge features (``edge_attr`` ``[E, F]``, read in CSR order), an edge
+query adds ``edge_query_i^h . a_ij`` to the score, and the weights (after
+dropout) also accumulate ``edge_out_i^h = sum_j P_ij^h a_ij`` per target, in
+the same online softmax (rescaled and merged with ``acc``).
+
 Dropout multiplies each weight by its keep factor as it is accumulated; the
 sum that normalizes, and so ``lse``, are of the undropped weights.
 
@@ -28,15 +33,26 @@ from numba import prange
 from torch import Tensor
 
 from ..common import Dropout, acc_dtype
-from ._edge import _factor, _msg_axpy, _score
+from ._edge import (
+    _eacc_axpy,
+    _eacc_merge,
+    _eacc_scale,
+    _eacc_store,
+    _edge_score,
+    _factor,
+    _msg_axpy,
+    _score,
+)
 from ._simd import _AHEAD, _INLINE, _JIT, _NEG_INF, _NN, _axpy, _exp, _max, _prefetch_row
 from .plans import (
     CPUPlan,
     _bias,
+    _check_edge,
     _check_options,
     _check_plan,
     _check_qkv,
     _make_plan,
+    _opt_rows,
     _option_args,
     _rows,
     _scalar,
@@ -51,7 +67,7 @@ _BLOCK = 64
 
 @numba.njit(**_INLINE)
 def _fwd_segment(
-    q, i, k, v, bias, has_bias, vb, key, dscale, col, s0, e0, scale, sc, m, tot, acc
+    q, i, k, v, bias, has_bias, vb, key, dscale, ea, eq, col, s0, e0, scale, sc, m, tot, acc, eacc
 ):  # pragma: no cover - compiled
     """Online softmax of target ``i`` over the edges ``s0:e0``, a block at a time.
 
@@ -67,6 +83,7 @@ def _fwd_segment(
     m[:] = _NEG_INF
     tot[:] = zero
     acc[:] = zero
+    eacc[:] = zero
     b0 = s0 & _NN
     while b0 < e0:
         nb = min(_BLOCK, e0 - b0)
@@ -80,7 +97,8 @@ def _fwd_segment(
                 _prefetch_row(v, jj)
             j = col[b0 + t] & _NN
             for h in range(nh):
-                sc[h, t] = _score(q, i, k, j, h, cq, scale, bias, b0 + t, has_bias)
+                s = _score(q, i, k, j, h, cq, scale, bias, b0 + t, has_bias)
+                sc[h, t] = _edge_score(s, eq, i, ea, b0 + t, h)
         for h in range(nh):
             mb = m[h]
             for t in range(nb):
@@ -93,6 +111,7 @@ def _fwd_segment(
                 lo = (h * cv) & _NN
                 for c in range(cv):
                     acc[lo + c] *= corr
+                _eacc_scale(eacc, corr, ea, h)
                 m[h] = mb
             # All -inf so far: shift by 0, every weight is 0 (never NaN).
             shift = m[h] if m[h] != _NEG_INF else zero
@@ -110,11 +129,12 @@ def _fwd_segment(
             for h in range(nh):
                 w = sc[h, t] * _factor(key, dscale, e, h, nh, one)
                 _msg_axpy(acc, w, v, j, vb, e, h * cv, cv)
+                _eacc_axpy(eacc, w, ea, e, h)
         b0 += nb
 
 
 @numba.njit(**_INLINE)
-def _fwd_finish(m, tot, acc, out, lse, i):  # pragma: no cover - compiled
+def _fwd_finish(m, tot, acc, out, lse, i, eacc, ea, eo, inv):  # pragma: no cover - compiled
     nh = m.shape[0]
     cv = out.shape[1] // nh
     zero = out.dtype.type(0)
@@ -125,16 +145,19 @@ def _fwd_finish(m, tot, acc, out, lse, i):  # pragma: no cover - compiled
         # a NaN sum makes the output NaN. acc is 0 there unless a value is
         # not finite (0 * inf), as in the reference.
         d = tot[h]
-        inv = one if d == zero else one / d
+        iv = one if d == zero else one / d
+        inv[h] = iv  # for edge_out
         for c in range(cv):
-            out[i, lo + c] = acc[lo + c] * inv
+            out[i, lo + c] = acc[lo + c] * iv
         lse[i, h] = _NEG_INF if d == zero else m[h] + math.log(d)
+    _eacc_store(eo, i, eacc, inv, ea)
 
 
 @numba.njit(**_JIT)
 def _fwd_kernel(
-    q, k, v, bias, has_bias, vb, key, dscale, ptr, col, scale, bounds, limit, out, lse
-):  # pragma: no cover - compiled
+    q, k, v, bias, has_bias, vb, key, dscale, ea, eq, nf, ptr, col, scale, bounds, limit, out, lse,
+    eo,
+):  # pragma: no cover - compiled  # fmt: skip
     nh = lse.shape[1]
     cv = v.shape[1] // nh
     for ch in prange(bounds.shape[0] - 1):
@@ -142,19 +165,23 @@ def _fwd_kernel(
         m = np.empty(nh, dtype=q.dtype)
         tot = np.empty(nh, dtype=q.dtype)
         acc = np.empty(nh * cv, dtype=q.dtype)
+        # edge_out's accumulator (size 0 without edge features: nf = 0).
+        eacc = np.empty(nh * nf, dtype=q.dtype)
+        inv = np.empty(nh, dtype=q.dtype)
         for i in range(bounds[ch] & _NN, bounds[ch + 1]):
             s0, e0 = ptr[i], ptr[i + 1]
             if e0 - s0 > limit:
                 continue  # a hub: _fwd_pieces_kernel
             _fwd_segment(
-                q, i, k, v, bias, has_bias, vb, key, dscale, col, s0, e0, scale, sc, m, tot, acc
-            )
-            _fwd_finish(m, tot, acc, out, lse, i)
+                q, i, k, v, bias, has_bias, vb, key, dscale, ea, eq, col, s0, e0, scale, sc, m,
+                tot, acc, eacc,
+            )  # fmt: skip
+            _fwd_finish(m, tot, acc, out, lse, i, eacc, ea, eo, inv)
 
 
 @numba.njit(**_JIT)
 def _fwd_pieces_kernel(
-    q, k, v, bias, has_bias, vb, key, dscale, col, scale, pieces, seg, out, lse
+    q, k, v, bias, has_bias, vb, key, dscale, ea, eq, nf, col, scale, pieces, seg, out, lse, eo
 ):  # pragma: no cover - compiled
     nh = lse.shape[1]
     cv = v.shape[1] // nh
@@ -162,17 +189,20 @@ def _fwd_pieces_kernel(
     pm = np.empty((npc, nh), dtype=q.dtype)
     pt = np.empty((npc, nh), dtype=q.dtype)
     pa = np.empty((npc, nh * cv), dtype=q.dtype)
+    pe = np.empty((npc, nh * nf), dtype=q.dtype)
     for x in prange(npc):
         sc = np.empty((nh, _BLOCK), dtype=q.dtype)
         _fwd_segment(
-            q, pieces[x, 0] & _NN, k, v, bias, has_bias, vb, key, dscale, col, pieces[x, 1],
-            pieces[x, 2], scale, sc, pm[x], pt[x], pa[x],
+            q, pieces[x, 0] & _NN, k, v, bias, has_bias, vb, key, dscale, ea, eq, col,
+            pieces[x, 1], pieces[x, 2], scale, sc, pm[x], pt[x], pa[x], pe[x],
         )  # fmt: skip
     zero = q.dtype.type(0)
     for s in prange(seg.shape[0] - 1):
         m = np.empty(nh, dtype=q.dtype)
         tot = np.empty(nh, dtype=q.dtype)
         acc = np.zeros(nh * cv, dtype=q.dtype)
+        eacc = np.zeros(nh * nf, dtype=q.dtype)
+        inv = np.empty(nh, dtype=q.dtype)
         # Merge the pieces' (max, sum, acc) in piece order.
         for h in range(nh):
             mh = _NEG_INF
@@ -185,7 +215,8 @@ def _fwd_pieces_kernel(
                 f = _exp(pm[x, h] - shift)
                 tot[h] += pt[x, h] * f
                 _axpy(acc, f, pa, x, h * cv, cv)
-        _fwd_finish(m, tot, acc, out, lse, pieces[seg[s], 0] & _NN)
+                _eacc_merge(eacc, f, pe, x, ea, h)
+        _fwd_finish(m, tot, acc, out, lse, pieces[seg[s], 0] & _NN, eacc, ea, eo, inv)
 
 
 def attention_fwd(
@@ -200,7 +231,9 @@ def attention_fwd(
     value_bias: Tensor | None = None,
     dropout: Dropout | None = None,
     plan: CPUPlan | None = None,
-) -> tuple[Tensor, Tensor]:
+    edge_attr: Tensor | None = None,
+    edge_query: Tensor | None = None,
+) -> tuple[Tensor, ...]:
     """Sparse attention over a destination-sorted CSR graph.
 
     One pass per target over its incoming edges with a blockwise online
@@ -222,12 +255,20 @@ def attention_fwd(
         plan: ``plan(ptr, col, M)`` (:func:`~gnnattn.kernels.cpu.plan`):
             then ``ptr`` and ``col`` are neither read nor checked beyond their
             sizes, and the kernels run on the plan's (checked) arrays.
+        edge_attr: optional ``[E, F]`` raw edge features in CSR order, read
+            once per edge and head (never gathered); then ``edge_out`` is
+            returned too.
+        edge_query: optional ``[N, H, F]`` (needs ``edge_attr``): adds
+            ``edge_query_i^h . edge_attr_ij`` to the score, unscaled.
 
     Returns:
         ``out`` ``[N, H, Cv]`` typed like ``q`` and the log-sum-exp ``lse``
         ``[N, H]`` (of the undropped scores) in the compute dtype (float64 for
         float64, else float32); ``lse = -inf`` and ``out = 0`` where a target
-        has no finite score; NaN where a score or value it reads is NaN.
+        has no finite score; NaN where a score or value it reads is NaN. With
+        ``edge_attr``, a third result ``edge_out`` ``[N, H, F]`` (typed like
+        ``q``): ``sum_j P_ij edge_attr_ij`` with ``P`` the weights after
+        dropout (those that multiply ``v``).
 
     Raises:
         ValueError: on shapes that do not fit, or ``ptr``/``col`` out of range.
@@ -235,6 +276,7 @@ def attention_fwd(
     """
     e = _check_qkv(q, k, v, bias, ptr, col)
     drop = _check_options(value_bias, dropout, v, e)
+    nf = _check_edge(edge_attr, edge_query, q, e)
     if plan is None:
         plan = _make_plan(ptr, col, k.shape[0], None)
     else:
@@ -244,18 +286,25 @@ def attention_fwd(
     n, nh, cv = q.shape[0], q.shape[1], v.shape[2]
     out = torch.empty(n, nh * cv, dtype=dt)
     lse = torch.empty(n, nh, dtype=dt)
+    eo = torch.zeros(n, nh * nf, dtype=dt) if edge_attr is not None else None
     if n * nh:
         qq, kk, vv = _rows(q, dt), _rows(k, dt), _rows(v, dt)
         bb, sc = _bias(bias, dt, nh), _scalar(scale, dt)
         vb, key, dscale = _option_args(value_bias, drop, dt)
+        ea, eq = _opt_rows(edge_attr, dt), _opt_rows(edge_query, dt)
+        eo_np = eo.numpy() if eo is not None else None
         w, o, ls = plan.work, out.numpy(), lse.numpy()
         has_bias = bias is not None
         _fwd_kernel(
-            qq, kk, vv, bb, has_bias, vb, key, dscale, plan.ptr, plan.col, sc, w.bounds, w.limit, o,
-            ls
+            qq, kk, vv, bb, has_bias, vb, key, dscale, ea, eq, nf, plan.ptr, plan.col, sc,
+            w.bounds, w.limit, o, ls, eo_np,
         )  # fmt: skip
         if w.pieces.shape[0]:
             _fwd_pieces_kernel(
-                qq, kk, vv, bb, has_bias, vb, key, dscale, plan.col, sc, w.pieces, w.seg, o, ls
+                qq, kk, vv, bb, has_bias, vb, key, dscale, ea, eq, nf, plan.col, sc, w.pieces,
+                w.seg, o, ls, eo_np,
             )  # fmt: skip
-    return out.view(n, nh, cv).to(q.dtype), lse
+    res = out.view(n, nh, cv).to(q.dtype)
+    if eo is None:
+        return res, lse
+    return res, lse, eo.view(n, nh, nf).to(q.dtype)

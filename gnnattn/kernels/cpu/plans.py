@@ -277,6 +277,25 @@ def _check_options(
     return dropout if dropout.threshold > 0 else None
 
 
+def _check_edge(
+    edge_attr: Tensor | None, edge_query: Tensor | None, q: Tensor, num_edges: int
+) -> int:
+    """Check the edge features; their width ``F`` (0 without them)."""
+    if edge_attr is None:
+        if edge_query is not None:
+            raise ValueError("Expected 'edge_attr' with 'edge_query' (it scores them), got None")
+        return 0
+    _floating("edge_attr", edge_attr)
+    if edge_attr.dim() != 2 or edge_attr.shape[0] != num_edges:
+        raise ValueError(
+            f"Expected 'edge_attr' of shape [{num_edges}, F], got {list(edge_attr.shape)}"
+        )
+    nf = int(edge_attr.shape[1])
+    if edge_query is not None:
+        _check_rows("edge_query", edge_query, (q.shape[0], q.shape[1], nf))
+    return nf
+
+
 # ------------------------------------------------------------------ conversions
 
 
@@ -291,6 +310,11 @@ def _flat(t: Tensor, dtype: torch.dtype) -> Tensor:
 def _rows(t: Tensor, dtype: torch.dtype) -> np.ndarray:
     """``[N, H, C]`` as a contiguous ``[N, H*C]`` numpy array (no copy when it fits)."""
     return _flat(t, dtype).numpy()
+
+
+def _opt_rows(t: Tensor | None, dtype: torch.dtype) -> np.ndarray | None:
+    """:func:`_rows` of an optional tensor (``None``: the kernels' specialisation without it)."""
+    return _rows(t, dtype) if t is not None else None
 
 
 def _np_dtype(dt: torch.dtype) -> type:

@@ -1,0 +1,300 @@
+"""Raw edge features by linearity: the kernels' ``edge_attr`` / ``edge_query`` options
+against the reference, the operator's fused path against the direct ``"mp"`` one, and
+``SelfAttentionConv(edge_value=True)`` against its previous formulation.
+
+Each combination of options is one more compiled specialisation of every kernel
+(seconds of compile time each on a cold cache), so the combinations below are
+the ones the operator makes (edge query and ``edge_out`` gradient; ``edge_out``
+gradient alone, as ``SelfAttentionConv``; edge query alone), each with and
+without dropout, and the awkward sizes run on the richest of them.
+"""
+
+import pytest
+import torch
+from test_kernels_cpu import CASES, DROP, SMALL, TOL64, assert_close, edge_inputs
+
+import gnnattn
+from gnnattn import AttentionGraph, SelfAttentionConv
+from gnnattn.kernels import cpu
+from gnnattn.kernels import reference as ref
+from gnnattn.kernels.cpu import plans
+from gnnattn.ops import backend_for
+
+F64, F32 = torch.float64, torch.float32
+NF = 5  # edge features: not a power of two, not the head dim
+
+# float32 kernels against the float64 reference on the same inputs: as in
+# test_kernels_cpu (TOL32 there), sums of a few hundred terms and short dot
+# products are good to ~1e-6 relative; the edge term adds F = 5 products per
+# score, well inside the same 2e-6 bound per unit of score.
+TOL32 = 2e-6
+
+
+def edge_case(case, dtype, with_bias=False, value_bias=False, query=True, grad=True, seed=5):
+    q, k, v, ptr, col, bias, vb = edge_inputs(case, dtype, with_bias, value_bias, seed=seed)
+    g = torch.Generator().manual_seed(seed + 2)
+    n, h = q.shape[:2]
+    ea = torch.randn(col.numel(), NF, generator=g, dtype=dtype)
+    eq = torch.randn(n, h, NF, generator=g, dtype=dtype) if query else None
+    ge = torch.randn(n, h, NF, generator=g, dtype=dtype) if grad else None
+    return q, k, v, ptr, col, bias, vb, ea, eq, ge
+
+
+def check_kernel(case, *, with_bias=False, value_bias=False, dropout=None, query=True,
+                 grad=True, logits=1.0, dtype=F64, tol=TOL64):  # fmt: skip
+    q, k, v, ptr, col, bias, vb, ea, eq, ge = edge_case(
+        case, dtype, with_bias, value_bias, query, grad
+    )
+    q = q * logits
+    kw = dict(value_bias=vb, dropout=dropout, edge_attr=ea, edge_query=eq)
+    got = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw)
+    d64 = [None if t is None else t.double() for t in (q, k, v, bias, vb, ea, eq, ge)]
+    q6, k6, v6, b6, vb6, ea6, eq6, ge6 = d64
+    kw6 = dict(value_bias=vb6, dropout=dropout, edge_attr=ea6, edge_query=eq6)
+    want = ref.attention_fwd(q6, k6, v6, ptr, col, 0.3, b6, **kw6)
+    assert len(got) == 3 and got[2].shape == (q.shape[0], q.shape[1], NF)
+    assert torch.equal(torch.isneginf(got[1]), torch.isneginf(want[1]))
+    fin = torch.isfinite(want[1])
+    assert_close(got[0], want[0], tol)
+    assert_close(got[1][fin], want[1][fin], tol)
+    assert_close(got[2], want[2], tol)
+    g = torch.randn(got[0].shape, generator=torch.Generator().manual_seed(9), dtype=dtype)
+    bwd = cpu.attention_bwd(q, k, v, None, got[1], g, ptr, col, 0.3, bias, **kw, grad_edge_out=ge)
+    ref_bwd = ref.attention_bwd(
+        q6, k6, v6, None, want[1], g.double(), ptr, col, 0.3, b6, **kw6, grad_edge_out=ge6
+    )
+    assert len(bwd) == 7
+    for a, b in zip(bwd, ref_bwd, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.dtype == dtype
+            assert_close(a, b, tol)
+
+
+# ------------------------------------------------------------------ kernels
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("logits", [1.0, 1e3])
+def test_edge_query_and_edge_out_match_reference(case, with_bias, logits):
+    # Every awkward size (hubs: the piece kernels of both passes), a target whose
+    # scores are all -inf (with_bias), logits scaled by 1e3.
+    check_kernel(case, with_bias=with_bias, logits=logits)
+
+
+@pytest.mark.parametrize("case", [*SMALL, "hub", "source hub"])
+def test_edge_features_with_value_bias_and_dropout_match_reference(case):
+    check_kernel(case, with_bias=True, value_bias=True, dropout=DROP)
+
+
+@pytest.mark.parametrize("case", SMALL)
+@pytest.mark.parametrize("dropout", [None, DROP])
+def test_edge_out_alone_matches_reference(case, dropout):
+    # What SelfAttentionConv(edge_value=True) runs: no edge query.
+    check_kernel(case, with_bias=True, dropout=dropout, query=False)
+
+
+@pytest.mark.parametrize("dropout", [None, DROP])
+def test_edge_query_without_edge_out_gradient_matches_reference(dropout):
+    # An operator with edge_key only: edge_out is unused, its gradient None.
+    check_kernel("ragged", with_bias=True, dropout=dropout, grad=False)
+
+
+def test_edge_features_on_hub_pieces_of_every_segment(monkeypatch):
+    # Pieces of 3 edges: edge_out's and d edge_query's accumulators are merged.
+    monkeypatch.setattr(plans, "_PIECE_MIN", 3)
+    monkeypatch.setattr(plans, "_PIECES", 10**9)
+    check_kernel("ragged", with_bias=True)
+    check_kernel("source hub")
+
+
+@pytest.mark.parametrize("case", ["ragged", "hub"])
+def test_edge_features_in_float32(case):
+    check_kernel(case, with_bias=True, dropout=DROP, dtype=F32, tol=TOL32)
+
+
+def test_reference_edge_backward_is_autograd_of_its_forward():
+    q, k, v, ptr, col, bias, vb, ea, eq, ge = edge_case("ragged", F64, True, True)
+    ins = [t.clone().requires_grad_() for t in (q, k, v, bias, vb, ea, eq)]
+    out, lse, eo = ref.attention_fwd(
+        *ins[:3], ptr, col, 0.3, ins[3], value_bias=ins[4], dropout=DROP, edge_attr=ins[5],
+        edge_query=ins[6],
+    )  # fmt: skip
+    g = torch.randn_like(out)
+    auto = torch.autograd.grad((out * g).sum() + (eo * ge).sum(), ins)
+    mine = ref.attention_bwd(
+        q, k, v, None, lse.detach(), g, ptr, col, 0.3, bias, value_bias=vb, dropout=DROP,
+        edge_attr=ea, edge_query=eq, grad_edge_out=ge,
+    )  # fmt: skip
+    for a, b in zip(mine, auto, strict=True):
+        assert_close(a, b, TOL64)
+
+
+def test_without_edge_attr_the_results_are_unchanged():
+    q, k, v, ptr, col, bias, _, ea, eq, _ = edge_case("ragged", F64, True)
+    assert len(cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias)) == 2
+    assert len(ref.attention_fwd(q, k, v, ptr, col, 0.3, bias)) == 2
+    with pytest.raises(ValueError, match="'edge_attr'"):
+        cpu.attention_fwd(q, k, v, ptr, col, 0.3, edge_query=eq)
+    with pytest.raises(ValueError, match="'edge_attr'"):
+        cpu.attention_fwd(q, k, v, ptr, col, 0.3, edge_attr=ea[1:])
+    with pytest.raises(ValueError, match="'edge_query'"):
+        cpu.attention_fwd(q, k, v, ptr, col, 0.3, edge_attr=ea, edge_query=eq[:, :, 1:])
+
+
+# ------------------------------------------------------------------ operator
+
+
+def op_inputs(dtype=F64, n=9, m=9, h=3, c=5, cv=4, seed=0):
+    """A graph with isolated targets, a duplicate edge and unsorted edges (a CSR perm)."""
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, min(n, m), (2, 31), generator=g)
+    ei[1][ei[1] == 2] = 3  # target 2 isolated
+    ei = torch.cat([ei, ei[:, :1]], 1)  # a duplicate edge
+    q = torch.randn(n, h, c, generator=g, dtype=dtype)
+    k = torch.randn(m, h, c, generator=g, dtype=dtype)
+    v = torch.randn(m, h, cv, generator=g, dtype=dtype)
+    ea = torch.randn(ei.shape[1], NF, generator=g, dtype=dtype)
+    wk = torch.randn(h * c, NF, generator=g, dtype=dtype) * 0.5
+    wv = torch.randn(h * cv, NF, generator=g, dtype=dtype) * 0.5
+    return q, k, v, AttentionGraph(ei, n, num_src=m), ea, wk, wv
+
+
+@pytest.mark.parametrize("which", ["both", "key", "value"])
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_fused_equals_mp_with_edge_features(which, p):
+    q, k, v, graph, ea, wk, wv = op_inputs()
+    wk = wk if which in ("both", "key") else None
+    wv = wv if which in ("both", "value") else None
+    ins = [t for t in (q, k, v, ea, wk, wv) if t is not None]
+    res = {}
+    for backend in ("fused", "mp"):
+        xs = [t.clone().requires_grad_() for t in ins]
+        it = iter(xs)
+        qq, kk, vv, eaa = next(it), next(it), next(it), next(it)
+        ekk = next(it) if wk is not None else None
+        evv = next(it) if wv is not None else None
+        torch.manual_seed(3)  # the same dropout key on both
+        r = gnnattn.attention(
+            qq, kk, vv, graph, edge_attr=eaa, edge_key=ekk, edge_value=evv, dropout_p=p,
+            backend=backend, return_lse=True, need_weights=True,
+        )  # fmt: skip
+        assert r.backend == backend
+        g = torch.randn(r.out.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
+        res[backend] = (r.out, r.lse, r.weights, *torch.autograd.grad((r.out * g).sum(), xs))
+    for a, b in zip(res["fused"], res["mp"], strict=True):
+        a, b = a.detach(), b.detach()
+        assert torch.equal(torch.isneginf(a), torch.isneginf(b))  # lse of the isolated target
+        fin = torch.isfinite(b)
+        assert_close(a[fin], b[fin], TOL64)
+
+
+def test_fused_edge_features_pass_gradcheck():
+    q, k, v, graph, ea, wk, wv = op_inputs(n=4, m=3, h=2, c=3, cv=2)
+    ei = torch.tensor([[0, 1, 2, 0, 2], [0, 0, 1, 3, 3]])
+    graph = AttentionGraph(ei, 4, num_src=3)  # target 2 isolated
+    ea = ea[:5]
+    ins = [t.clone().requires_grad_() for t in (q, k, v, ea, wk, wv)]
+
+    def f(q, k, v, ea, wk, wv):
+        return gnnattn.attention(
+            q, k, v, graph, edge_attr=ea, edge_key=wk, edge_value=wv, backend="fused"
+        )
+
+    assert torch.autograd.gradcheck(f, ins)
+
+
+def test_edge_features_route_away_from_sdpa_and_triton():
+    q, k, v, _, ea, wk, wv = op_inputs(n=4, m=4)
+    graph = AttentionGraph.complete(4)
+    ea = ea[:16]
+    choice = backend_for(q, graph, edge_attr=True)
+    assert choice.backend == "fused"
+    with pytest.raises(ValueError, match="sdpa"):
+        backend_for(q, graph, backend="sdpa", edge_attr=True)
+    r = gnnattn.attention(q, k, v, graph, edge_attr=ea, edge_value=wv, need_weights=True)
+    assert r.backend == "fused"
+    # A kernel module without the option (the Triton one, for now): "mp", with the reason.
+    import gnnattn.ops.choice as choice_mod
+
+    class NoEdges:
+        __name__ = "no_edges"
+
+        @staticmethod
+        def attention_fwd(q, k, v, ptr, col, scale, bias=None, *, value_bias=None):
+            raise AssertionError
+
+    orig = choice_mod.kernels.get
+    try:
+        choice_mod.kernels.get = lambda device: NoEdges  # type: ignore[assignment]
+        for asked in ("auto", "fused"):
+            c = backend_for(q, AttentionGraph(torch.tensor([[0], [1]]), 4), backend=asked,
+                            edge_attr=True)  # fmt: skip
+            assert c.backend == "mp" and "edge_attr" in c.reason
+    finally:
+        choice_mod.kernels.get = orig
+
+
+def test_edge_arguments_are_checked():
+    q, k, v, graph, ea, wk, wv = op_inputs()
+    with pytest.raises(ValueError, match="'edge_attr'"):
+        gnnattn.attention(q, k, v, graph, edge_value=wv)
+    with pytest.raises(ValueError, match="'edge_key' and/or 'edge_value'"):
+        gnnattn.attention(q, k, v, graph, edge_attr=ea)
+    with pytest.raises(ValueError, match="'edge_attr'"):
+        gnnattn.attention(q, k, v, graph, edge_attr=ea[1:], edge_value=wv)
+    with pytest.raises(ValueError, match="'edge_key'"):
+        gnnattn.attention(q, k, v, graph, edge_attr=ea, edge_key=wv)
+
+
+# ------------------------------------------------------------------ layer
+
+
+def old_formulation(layer, x, ei, edge_attr, backend):
+    """SelfAttentionConv(edge_value=True) as it was: the value bias lin_edge_value(e) [E, D]."""
+    n, h, c = x.shape[0], layer.num_heads, layer.head_dim
+    q = layer.lin_query(x).view(n, h, c)
+    k = layer.lin_key(x).view(n, h, c)
+    v = layer.lin_value(x).view(n, h, c)
+    o = gnnattn.attention(
+        q, k, v, AttentionGraph(ei, n), scale=layer.scale, score_bias=layer.lin_edge(edge_attr),
+        value_bias=layer.lin_edge_value(edge_attr).view(-1, h, c), backend=backend,
+    )  # fmt: skip
+    return layer.lin_out(o.reshape(n, -1))
+
+
+@pytest.mark.parametrize("backend", ["fused", "mp"])
+def test_self_attention_conv_edge_value_equals_its_previous_formulation(backend):
+    torch.manual_seed(0)
+    layer = SelfAttentionConv(12, 3, edge_dim=NF, edge_value=True, backend=backend).double()
+    n = 8
+    ei = torch.randint(0, n, (2, 30))
+    ei[1][ei[1] == 5] = 6  # an isolated target
+    x = torch.randn(n, 12, dtype=F64, requires_grad=True)
+    ea = torch.randn(30, NF, dtype=F64, requires_grad=True)
+    params = list(layer.parameters())
+    g = torch.randn(n, 12, dtype=F64)
+    new = layer(x, ei, ea)
+    old = old_formulation(layer, x, ei, ea, backend)
+    assert_close(new.detach(), old.detach(), TOL64)
+    for a, b in zip(
+        torch.autograd.grad((new * g).sum(), [x, ea, *params]),
+        torch.autograd.grad((old * g).sum(), [x, ea, *params]),
+        strict=True,
+    ):
+        assert_close(a, b, TOL64)
+    assert layer.backend_for(x, ei, ea).backend == backend
+
+
+def test_self_attention_conv_edge_value_with_dropout_fused_equals_mp():
+    torch.manual_seed(0)
+    layer = SelfAttentionConv(12, 3, dropout=0.3, edge_dim=NF, edge_value=True).double().train()
+    ei = torch.randint(0, 8, (2, 30))
+    x = torch.randn(8, 12, dtype=F64)
+    ea = torch.randn(30, NF, dtype=F64)
+    outs = []
+    for backend in ("fused", "mp"):
+        torch.manual_seed(4)
+        outs.append(layer(x, ei, ea, backend=backend))
+    assert_close(outs[0].detach(), outs[1].detach(), TOL64)
