@@ -30,6 +30,7 @@ from .nn import (
     SelfAttentionConv,
     SimplifiedAttention,
     SinusoidalPositionalEncoding,
+    TransformerConv,
     sequence_positions,
 )
 from .ops import AttentionOutput, BackendChoice, attention, backend_for
@@ -55,6 +56,7 @@ __all__ = [
     "sequence_positions",
     "SelfAttentionConv",
     "SimplifiedAttention",
+    "TransformerConv",
     "causal_graph",
     "complete_graph",
     "dense_attention_weights",

@@ -11,6 +11,7 @@ from .positional import (
 )
 from .simplified import SimplifiedAttention
 from .transformer import GraphTransformer, GraphTransformerLayer
+from .transformer_conv import TransformerConv
 
 __all__ = [
     "Dropout",
@@ -22,5 +23,6 @@ __all__ = [
     "SelfAttentionConv",
     "SimplifiedAttention",
     "SinusoidalPositionalEncoding",
+    "TransformerConv",
     "sequence_positions",
 ]

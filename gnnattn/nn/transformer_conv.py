@@ -1,0 +1,244 @@
+"""PyG's ``TransformerConv`` (UniMP), the same module on gnnattn's operator."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torch_geometric.nn import MessagePassing
+
+from ..checks import check_float, check_int, check_tensor
+from ..graphs import AttentionGraph, GraphLike, as_graph
+from ..ops import AttentionOutput, attention, check_backend
+
+__all__ = ["TransformerConv"]
+
+
+def _channels(value: int | tuple[int, int], name: str) -> tuple[int, int]:
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"Expected '{name}' an int or a pair of ints, got {value!r}")
+        check_int(value[0], f"{name}[0]", min=1)
+        check_int(value[1], f"{name}[1]", min=1)
+        return int(value[0]), int(value[1])
+    check_int(value, name, min=1)
+    return value, value
+
+
+class TransformerConv(MessagePassing):
+    r"""The graph transformer operator of `"Masked Label Prediction: Unified
+    Message Passing Model for Semi-Supervised Classification"
+    <https://arxiv.org/abs/2009.03509>`_, a drop-in for
+    :class:`torch_geometric.nn.TransformerConv`: the same constructor,
+    submodules, parameter names, call and outputs, so ``load_state_dict``
+    works both ways.
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \mathbf{W}_1 \mathbf{x}_i +
+        \sum_{j \in \mathcal{N}(i)} \alpha_{i,j} \left(\mathbf{W}_2 \mathbf{x}_{j}
+        + \mathbf{W}_6 \mathbf{e}_{ij}\right),
+        \qquad
+        \alpha_{i,j} = \textrm{softmax} \left(
+        \frac{(\mathbf{W}_3\mathbf{x}_i)^{\top} (\mathbf{W}_4\mathbf{x}_j
+        + \mathbf{W}_6 \mathbf{e}_{ij})}{\sqrt{d}} \right)
+
+    per head, concatenated (or averaged, ``concat=False``), with the gated
+    skip :math:`\beta_i \mathbf{W}_1 \mathbf{x}_i + (1 - \beta_i)
+    \mathbf{m}_i`, :math:`\beta_i = \sigma(\mathbf{w}_5^{\top} [\mathbf{W}_1
+    \mathbf{x}_i, \mathbf{m}_i, \mathbf{W}_1 \mathbf{x}_i - \mathbf{m}_i])`
+    when ``beta=True``.
+
+    What differs from PyG's: it runs on :func:`gnnattn.attention` (the fused
+    kernels by default), where the edge term never becomes an
+    :math:`|E| \times HC` tensor: :math:`\mathbf{q}_i \cdot \mathbf{W}_6
+    \mathbf{e}_{ij} = (\mathbf{W}_6^{\top} \mathbf{q}_i) \cdot
+    \mathbf{e}_{ij}` and :math:`\sum_j \alpha_{ij} \mathbf{W}_6 \mathbf{e}_{ij}
+    = \mathbf{W}_6 \sum_j \alpha_{ij} \mathbf{e}_{ij}`; and attention dropout
+    draws its mask from gnnattn's counter-based stream (the same
+    distribution, another mask than ``F.dropout``'s). The attention weights
+    returned are those before dropout, as PyG's.
+
+    Args:
+        in_channels (int or tuple): size of each input sample, or
+            ``(source, target)`` sizes for bipartite graphs.
+        out_channels (int): :math:`C`, size of each output per head.
+        heads (int, optional): :math:`H`. (default: ``1``)
+        concat (bool, optional): concatenate the heads (else average them).
+            (default: :obj:`True`)
+        beta (bool, optional): the gated skip (with ``root_weight``).
+            (default: :obj:`False`)
+        dropout (float, optional): attention dropout in training.
+            (default: ``0.0``)
+        edge_dim (int, optional): width of ``edge_attr``. (default: :obj:`None`)
+        bias (bool, optional): biases of the projections. (default: :obj:`True`)
+        root_weight (bool, optional): add the skip :math:`\mathbf{W}_1
+            \mathbf{x}_i`. (default: :obj:`True`)
+        backend (str, optional): ``"auto"``, ``"fused"``, ``"mp"`` (the
+            message-passing reference) or ``"sdpa"``; a call can override
+            it. (default: ``"auto"``)
+
+    Shapes:
+        - **input:** ``x`` ``[|V|, F_in]`` or ``([|V_s|, F_s], [|V_t|, F_t])``,
+          ``edge_index`` ``[2, |E|]`` (or an ``EdgeIndex``, a ``torch.sparse``
+          ``adj_t``, an :class:`~gnnattn.AttentionGraph`), ``edge_attr``
+          ``[|E|, edge_dim]``
+        - **output:** ``[|V_t|, H C]`` (``concat``) or ``[|V_t|, C]``; with
+          ``return_attention_weights``, also ``(edge_index, alpha [|E|, H])``
+
+    Example:
+        >>> conv = TransformerConv(16, 8, heads=2, edge_dim=3)
+        >>> conv
+        TransformerConv(16, 8, heads=2)
+        >>> ei = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 1]])
+        >>> conv(torch.randn(3, 16), ei, torch.randn(4, 3)).shape
+        torch.Size([3, 16])
+    """
+
+    def __init__(
+        self,
+        in_channels: int | tuple[int, int],
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        beta: bool = False,
+        dropout: float = 0.0,
+        edge_dim: int | None = None,
+        bias: bool = True,
+        root_weight: bool = True,
+        *,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__(aggr="add", node_dim=0)
+        src, dst = _channels(in_channels, "in_channels")
+        check_int(out_channels, "out_channels", min=1)
+        check_int(heads, "heads", min=1)
+        check_float(dropout, "dropout", lo=0.0, hi=1.0)
+        check_int(edge_dim, "edge_dim", min=1, optional=True)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.beta = beta and root_weight
+        self.root_weight = root_weight
+        self.concat = concat
+        self.dropout = dropout
+        self.edge_dim = edge_dim
+        self.backend = check_backend(backend)
+        hc = heads * out_channels
+        self.lin_key = torch.nn.Linear(src, hc, bias=bias)
+        self.lin_query = torch.nn.Linear(dst, hc, bias=bias)
+        self.lin_value = torch.nn.Linear(src, hc, bias=bias)
+        self.lin_edge: torch.nn.Linear | None = None
+        if edge_dim is not None:
+            self.lin_edge = torch.nn.Linear(edge_dim, hc, bias=False)
+        width = hc if concat else out_channels
+        self.lin_skip = torch.nn.Linear(dst, width, bias=bias)
+        self.lin_beta: torch.nn.Linear | None = None
+        if self.beta:
+            self.lin_beta = torch.nn.Linear(3 * width, 1, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyG's initialisation (each ``Linear``'s own)."""
+        super().reset_parameters()
+        for lin in (self.lin_key, self.lin_query, self.lin_value, self.lin_edge, self.lin_skip):
+            if lin is not None:
+                lin.reset_parameters()
+        if self.lin_beta is not None:
+            self.lin_beta.reset_parameters()
+
+    def forward(
+        self,
+        x: Tensor | tuple[Tensor, Tensor],
+        edge_index: GraphLike,
+        edge_attr: Tensor | None = None,
+        return_attention_weights: bool | None = None,
+        *,
+        backend: str | None = None,
+    ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Attend over ``edge_index``; PyG's call.
+
+        Args:
+            x (Tensor or (Tensor, Tensor)): node features, or ``(x_src, x_dst)``.
+            edge_index (Tensor, EdgeIndex, torch.sparse or AttentionGraph):
+                the edges ``edge_index[0] -> edge_index[1]``.
+            edge_attr (Tensor, optional): ``[|E|, edge_dim]`` in the order of
+                ``edge_index``. (default: :obj:`None`)
+            return_attention_weights (bool, optional): when set (to any
+                bool, as in PyG), also return ``(edge_index, alpha)``.
+                (default: :obj:`None`)
+            backend (str, optional): this call's backend instead of the
+                layer's. (default: :obj:`None`)
+        """
+        x_src, x_dst = (x, x) if isinstance(x, Tensor) else self._pair(x)
+        bipartite = not isinstance(x, Tensor)
+        check_tensor(x_dst, "x")
+        h, c = self.heads, self.out_channels
+        graph = as_graph(
+            edge_index,
+            num_src=x_src.shape[0],
+            num_dst=x_dst.shape[0],
+            device=x_dst.device,
+            bipartite=bipartite,
+        )
+        edge_attr = self._edge_attr(edge_attr, graph)
+        q = self.lin_query(x_dst).view(-1, h, c)  # (N, H, C)
+        k = self.lin_key(x_src).view(-1, h, c)  # (M, H, C)
+        v = self.lin_value(x_src).view(-1, h, c)  # (M, H, C)
+        w_edge = self.lin_edge.weight if self.lin_edge is not None else None  # (H*C, F)
+        res = attention(
+            q,
+            k,
+            v,
+            graph,
+            scale=1.0 / math.sqrt(c),
+            edge_attr=edge_attr,
+            edge_key=w_edge,
+            edge_value=w_edge,
+            dropout_p=self.dropout if self.training else 0.0,
+            backend=self.backend if backend is None else check_backend(backend),
+            need_weights=isinstance(return_attention_weights, bool),
+        )
+        o = res.out if isinstance(res, AttentionOutput) else res
+        out = o.reshape(-1, h * c) if self.concat else o.mean(dim=1)  # (N, H*C) or (N, C)
+        if self.root_weight:
+            x_r = self.lin_skip(x_dst)
+            if self.lin_beta is not None:
+                b = self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)).sigmoid()
+                out = b * x_r + (1 - b) * out
+            else:
+                out = out + x_r
+        if isinstance(res, AttentionOutput):
+            assert res.weights is not None
+            given = edge_index.edge_index if isinstance(edge_index, AttentionGraph) else edge_index
+            return out, (given, res.weights)
+        return out
+
+    def _pair(self, x: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        if not isinstance(x, (tuple, list)) or len(x) != 2:
+            raise TypeError(
+                f"Expected 'x' to be a Tensor or a pair (x_src, x_dst), got {type(x).__name__}"
+            )
+        return check_tensor(x[0], "x[0]"), check_tensor(x[1], "x[1]")
+
+    def _edge_attr(self, edge_attr: Tensor | None, graph: AttentionGraph) -> Tensor | None:
+        if self.lin_edge is None:
+            # PyG ignores edge_attr without edge_dim: so does this layer.
+            return None
+        if edge_attr is None:
+            raise ValueError(
+                f"Expected 'edge_attr' of shape [E, {self.edge_dim}] (the layer has "
+                f"edge_dim={self.edge_dim}), got None"
+            )
+        check_tensor(edge_attr, "edge_attr")
+        if edge_attr.dim() == 1 and self.edge_dim == 1:
+            edge_attr = edge_attr.view(-1, 1)
+        if edge_attr.dim() != 2 or edge_attr.shape != (graph.num_edges, self.edge_dim):
+            raise ValueError(
+                f"Expected 'edge_attr' of shape [{graph.num_edges}, {self.edge_dim}], got "
+                f"{list(edge_attr.shape)}"
+            )
+        return graph.select_edges(edge_attr)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
