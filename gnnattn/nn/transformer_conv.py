@@ -124,6 +124,9 @@ class TransformerConv(MessagePassing):
         self.dropout = dropout
         self.edge_dim = edge_dim
         self.backend = check_backend(backend)
+        # PyG's layer parks the weights here during a call and resets it to
+        # None; code that reads it finds None here too (nothing is parked).
+        self._alpha: Tensor | None = None
         hc = heads * out_channels
         self.lin_key = torch.nn.Linear(src, hc, bias=bias)
         self.lin_query = torch.nn.Linear(dst, hc, bias=bias)
