@@ -9,6 +9,12 @@
   path there); forward + backward in training mode with dropout 0 (batch
   statistics; deterministic, so the outputs are comparable).
 
+* ``TransformerConv`` (4 heads x 32, 128 channels in) on a graph of N nodes
+  with 32 random in-edges each, with ``edge_dim=16`` and without edge
+  features, forward and forward + backward; gnnattn's gets the graph as an
+  :class:`~gnnattn.AttentionGraph` built once (as a user keeps it), PyG's the
+  ``edge_index``.
+
 Rows: PyG's layer (the baseline), gnnattn's with ``backend="auto"`` (the note
 says what ``"auto"`` took and why) and with ``backend="fused"``; all share one
 ``state_dict``. A new layer adds its builder to :data:`CASE_BUILDERS`.
@@ -28,7 +34,7 @@ from torch import Tensor
 from ..harness import BenchConfig, Candidate, Case
 from .common import input_pair
 
-__all__ = ["CASE_BUILDERS", "GPS_SIZES", "GPSSize", "pyg_cases"]
+__all__ = ["CASE_BUILDERS", "GPS_SIZES", "GPSSize", "TC_SIZES", "pyg_cases"]
 
 
 @dataclass(frozen=True)
@@ -151,8 +157,67 @@ def gps_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
     return cases
 
 
+PYG_TC = "PyG TransformerConv"
+TC = "gnnattn TransformerConv (auto)"
+#: ``TransformerConv`` cases: nodes, in-edges per node, heads, channels per head.
+TC_SIZES: Mapping[str, tuple[int, int, int, int]] = MappingProxyType(
+    {"full": (20_000, 32, 4, 32), "quick": (300, 8, 2, 8)}
+)
+TC_EDGE_DIM = 16
+
+
+def _call(
+    layer: torch.nn.Module, edges: Any, edge_attr: Tensor | None
+) -> Callable[[Tensor], Tensor]:
+    return lambda x: layer(x, edges, edge_attr)
+
+
+def transformer_conv_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
+    """``TransformerConv`` with and without ``edge_dim``: forward, forward+backward."""
+    import torch_geometric.nn as pyg_nn
+
+    from ...graphs import AttentionGraph
+    from ...nn import TransformerConv
+    from ...ops import backend_for
+
+    n, deg, heads, c = TC_SIZES["quick" if cfg.quick else "full"]
+    gen = torch.Generator().manual_seed(cfg.seed + 30)
+    src = torch.randint(0, n, (n * deg,), generator=gen)
+    edge_index = torch.stack([src, torch.arange(n).repeat_interleave(deg)]).to(device)
+    graph = AttentionGraph(edge_index, n)
+    d = heads * c
+    cases = []
+    for edge_dim in (TC_EDGE_DIM, None):
+        torch.manual_seed(cfg.seed)
+        ref = pyg_nn.TransformerConv(d, c, heads=heads, edge_dim=edge_dim).to(device)
+        ours = TransformerConv(d, c, heads=heads, edge_dim=edge_dim).to(device)
+        ours.load_state_dict(ref.state_dict())
+        ea = None
+        if edge_dim is not None:
+            ea = torch.randn(edge_index.shape[1], edge_dim, generator=gen).to(device)
+        x, g = input_pair(n, d, device, gen)
+        q = x.new_empty(0, heads, c)
+        choice = backend_for(q, graph, edge_attr=ea is not None)
+        note = f"auto took '{choice.backend}' ({choice.reason})"
+        cands = [
+            Candidate(PYG_TC, _call(ref, edge_index, ea)),
+            Candidate(TC, _call(ours, graph, ea), note=note),
+        ]
+        desc = (
+            f"TransformerConv ({d} in, {heads} heads x {c}, edge_dim {edge_dim}), N={n:,}, "
+            f"{deg} in-edges per node, |E|={edge_index.shape[1]:,}"
+        )
+        info = {"num_nodes": n, "num_edges": edge_index.shape[1], "edge_dim": edge_dim}
+        params = [*ref.parameters(), *ours.parameters()]
+        cases.append(Case("pyg", desc, x, g, PYG_TC, cands, params, info))
+    return cases
+
+
 #: The builders of the suite's cases, in the order they run.
-CASE_BUILDERS: tuple[Callable[[BenchConfig, torch.device], list[Case]], ...] = (gps_cases,)
+CASE_BUILDERS: tuple[Callable[[BenchConfig, torch.device], list[Case]], ...] = (
+    gps_cases,
+    transformer_conv_cases,
+)
 
 
 def pyg_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
