@@ -190,60 +190,45 @@ def attention(
             ``graph.edge_index`` order. (default: :obj:`None`)
         value_bias (Tensor, optional): ``[|E|, H, Cv]`` added to the source's
             value on each edge. (default: :obj:`None`)
-        dropout_p (float, optional): attention dropout: a weight is zeroed
-            with this probability and the others scaled by
-            :math:`1/(1-p)`; the mask comes from a counter-based stream keyed
-            from torch's generator, so ``torch.manual_seed`` fixes it and
-            ``"mp"`` and ``"fused"`` draw the same one (``"sdpa"`` uses
-            SDPA's own). Pass ``0`` in evaluation. (default: ``0.0``)
+        dropout_p (float, optional): attention dropout (a counter-based
+            mask keyed from torch's generator; ``"sdpa"`` uses SDPA's own).
+            (default: ``0.0``)
         backend (str, optional): ``"auto"``, ``"mp"``, ``"sdpa"`` or
             ``"fused"``; see :func:`gnnattn.backend_for`. (default: ``"auto"``)
         return_lse (bool, optional): also return the per-target log-sum-exp.
             (default: :obj:`False`)
         need_weights (bool, optional): also return the weights.
             (default: :obj:`False`)
-        edge_attr (Tensor, optional): ``[|E|, F]`` raw edge features, in
-            ``graph.edge_index`` order, mapped into the keys and values as
-            PyG's ``TransformerConv`` does: the score of an edge is
-            ``scale * q_i . (k_j + W_k a_ij)`` and its message
-            ``v_j + W_v a_ij``. The ``"fused"`` backend computes that by
-            linearity (``(W_k^T q_i) . a_ij`` in the kernel,
-            ``W_v sum_j P_ij a_ij`` after it), with no ``|E| x (H*C)``
-            tensor; ``"mp"`` the direct way. (default: :obj:`None`)
-        edge_key (Tensor, optional): ``W_k`` ``[H*C, F]``, the weight of a
-            bias-free ``Linear(F, H*C)``. (default: :obj:`None`)
-        edge_value (Tensor, optional): ``W_v`` ``[H*Cv, F]``.
-            (default: :obj:`None`)
+        edge_attr (Tensor, optional): ``[|E|, F]`` edge features (in
+            ``graph.edge_index`` order) added to the keys and values as in
+            PyG's ``TransformerConv``: score ``scale * q_i . (k_j + W_k
+            a_ij)``, message ``v_j + W_v a_ij``; ``"fused"`` computes it by
+            linearity, without ``|E| x (H*C)`` tensors. (default: :obj:`None`)
+        edge_key (Tensor, optional): ``W_k`` ``[H*C, F]``. (default: :obj:`None`)
+        edge_value (Tensor, optional): ``W_v`` ``[H*Cv, F]``. (default: :obj:`None`)
 
     Returns:
         ``out`` ``[N, H, Cv]``, or an :class:`AttentionOutput` when
         ``return_lse`` or ``need_weights``.
 
     Shapes:
-        - **q:** ``[N, H, C]``; **k:** ``[M, H, C]``; **v:** ``[M, H, Cv]``
+        - **q, k, v:** ``[N, H, C]``, ``[M, H, C]``, ``[M, H, Cv]``
         - **output:** ``[N, H, Cv]``; lse ``[N, H]``; weights ``[|E|, H]``
 
     Example:
         >>> from gnnattn import AttentionGraph, attention
         >>> q = k = v = torch.randn(5, 2, 4)
-        >>> attention(q, k, v, AttentionGraph.causal(5)).shape
-        torch.Size([5, 2, 4])
         >>> res = attention(q, k, v, AttentionGraph.causal(5), backend="fused", return_lse=True)
-        >>> res.backend, res.lse.shape
-        ('fused', torch.Size([5, 2]))
+        >>> res.out.shape, res.backend, res.lse.shape
+        (torch.Size([5, 2, 4]), 'fused', torch.Size([5, 2]))
     """
     _check(q, k, v, graph, score_bias, value_bias, edge_attr, edge_key, edge_value)
     p = check_float(dropout_p, "dropout_p", lo=0.0, hi=1.0)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_float(scale, "scale")
     choice = backend_for(
-        q,
-        graph,
-        backend=backend,
-        score_bias=score_bias is not None,
-        value_bias=value_bias is not None,
-        dropout_p=p,
-        edge_attr=edge_attr is not None,
-    )
+        q, graph, backend=backend, score_bias=score_bias is not None,
+        value_bias=value_bias is not None, dropout_p=p, edge_attr=edge_attr is not None,
+    )  # fmt: skip
     edges = (edge_attr, edge_key, edge_value)
     out, lse, weights = _run(
         choice.backend, q, k, v, graph, scale, score_bias, value_bias, p, return_lse, need_weights,
