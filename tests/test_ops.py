@@ -11,6 +11,7 @@ import importlib
 import inspect
 import math
 import pkgutil
+import re
 import sys
 import threading
 import types
@@ -315,7 +316,14 @@ def test_no_module_level_mutable_state():
                 continue
             if isinstance(
                 value,
-                (types.MappingProxyType, types.UnionType, torch.dtype, torch.device, np.generic),
+                (
+                    types.MappingProxyType,
+                    types.UnionType,
+                    torch.dtype,
+                    torch.device,
+                    np.generic,
+                    re.Pattern,  # compiled regular expressions are immutable
+                ),
             ):
                 continue
             if (

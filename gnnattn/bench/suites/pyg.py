@@ -127,8 +127,13 @@ def gps_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
     cases = []
     for mode, training in (("fwd", False), ("fwdbwd", True)):
         r, auto = copy.deepcopy(ref).train(training), copy.deepcopy(ours).train(training)
-        fused = copy.deepcopy(ours).train(training)
-        fused.backend = "fused"
+        # The same weights with "fused" as its default backend (GPSConv's call
+        # passes its keywords to the local conv, so no per-call override).
+        fused = type(ours)(
+            size.channels, copy.deepcopy(ours.conv), heads=size.heads, backend="fused"
+        )
+        fused.load_state_dict(ours.state_dict())
+        fused = fused.to(device).train(training)
         x, g = input_pair(n, size.channels, device, gen)
         choice = auto.backend_for(x, batch)
 
