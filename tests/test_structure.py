@@ -1,6 +1,6 @@
 """The package's shape: file and function sizes, and the import layering.
 
-Layers, lowest first: ``graphs`` and ``kernels`` < ``ops`` < ``nn`` < ``cli``
+Layers, lowest first: ``graphs`` and ``kernels`` < ``ops`` < ``distributed`` < ``nn`` < ``cli``
 (with ``compare``, ``bench`` and ``viz`` on top). A lower layer never imports
 a higher one, not even inside a function, so each can be read and tested
 without the ones above it.
@@ -21,9 +21,10 @@ MAX_FUNCTION_LINES = 80
 
 # What each layer must never import (each name covers its submodules).
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "graphs": ("ops", "nn", "cli", "compare", "bench", "viz"),
-    "kernels": ("ops", "nn", "cli", "compare", "bench", "viz"),
-    "ops": ("nn", "cli", "bench", "viz"),
+    "graphs": ("ops", "distributed", "nn", "cli", "compare", "bench", "viz"),
+    "kernels": ("ops", "distributed", "nn", "cli", "compare", "bench", "viz"),
+    "ops": ("distributed", "nn", "cli", "bench", "viz"),
+    "distributed": ("nn", "cli", "compare", "bench", "viz"),
     "nn": ("cli", "bench"),
 }
 

@@ -1,0 +1,10 @@
+"""One graph across many processes: attention partitioned over ``torch.distributed`` ranks.
+
+Layers (lowest first): ``graphs`` and ``kernels`` < ``ops`` < ``distributed`` < ``nn``.
+A *part* is what one rank holds of a graph; a layer called on it
+(``layer(x_local, part)``) calls ``part.attention(q, k, v, ...)`` with its
+local rows instead of :func:`gnnattn.attention`, and the part exchanges what
+the other ranks need.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,85 @@
+"""Run a test function on P gloo processes of one thread each, and collect what each returns.
+
+``run_ranks("dist_workers:check", 3, case=...)`` starts 3 Python processes, each in a
+session of its own (so a hung rank is killed with its whole group on timeout), joins
+them in a gloo process group through a file store (no port to collide), calls
+``dist_workers.check(**kwargs)`` on every rank and returns the ranks' results (what
+``torch.save`` can write) in rank order. A rank that raises fails the test with its
+traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TESTS = Path(__file__).resolve().parent
+
+_BOOT = """
+import os, sys, traceback
+import torch
+torch.set_num_threads(1)
+import torch.distributed as dist
+sys.path.insert(0, {tests!r})
+rank, world, tmp = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", init_method="file://" + tmp + "/store", rank=rank,
+                        world_size=world)
+try:
+    import importlib
+    module, name = {worker!r}.split(":")
+    kwargs = torch.load(tmp + "/kwargs.pt", weights_only=False)
+    result = getattr(importlib.import_module(module), name)(**kwargs)
+    torch.save(result, f"{{tmp}}/rank{{rank}}.pt")
+finally:
+    dist.destroy_process_group()
+"""
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # each rank leads its own group
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        p.wait()
+
+
+def run_ranks(worker: str, world_size: int, *, timeout: float = 120, **kwargs: Any) -> list[Any]:
+    """``worker`` (``"module:function"`` of the tests folder) on ``world_size`` ranks."""
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.save(kwargs, f"{tmp}/kwargs.pt")
+        boot = _BOOT.format(tests=str(TESTS), worker=worker)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", boot, str(r), str(world_size), tmp],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+                start_new_session=True,
+            )
+            for r in range(world_size)
+        ]
+        try:
+            outs = [p.communicate(timeout=timeout)[0] for p in procs]
+        except subprocess.TimeoutExpired:
+            _kill(procs)
+            raise AssertionError(
+                f"{worker} on {world_size} ranks did not finish in {timeout} s (killed)"
+            ) from None
+        except BaseException:
+            _kill(procs)
+            raise
+        for r, (p, out) in enumerate(zip(procs, outs)):
+            if p.returncode != 0:
+                raise AssertionError(f"rank {r} of {worker} exited {p.returncode}:\n{out[-4000:]}")
+        return [torch.load(f"{tmp}/rank{r}.pt", weights_only=False) for r in range(world_size)]
