@@ -79,7 +79,7 @@ def run_ranks(worker: str, world_size: int, *, timeout: float = 120, **kwargs: A
         except BaseException:
             _kill(procs)
             raise
-        for r, (p, out) in enumerate(zip(procs, outs)):
+        for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
             if p.returncode != 0:
                 raise AssertionError(f"rank {r} of {worker} exited {p.returncode}:\n{out[-4000:]}")
         return [torch.load(f"{tmp}/rank{r}.pt", weights_only=False) for r in range(world_size)]
