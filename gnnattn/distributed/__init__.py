@@ -5,6 +5,21 @@ A *part* is what one rank holds of a graph; a layer called on it
 (``layer(x_local, part)``) calls ``part.attention(q, k, v, ...)`` with its
 local rows instead of :func:`gnnattn.attention`, and the part exchanges what
 the other ranks need.
+
+- :func:`partition` splits a graph by target (METIS, contiguous, random) into
+  :class:`GraphPart` objects, one per rank, with the halo exchange planned once.
+- :func:`all_reduce_gradients` sums the replicated parameters' gradients.
 """
 
-__all__: list[str] = []
+from .part import GraphPart
+from .partition import METHODS, Partition, partition
+from .training import all_reduce_gradients, broadcast_parameters
+
+__all__ = [
+    "METHODS",
+    "GraphPart",
+    "Partition",
+    "all_reduce_gradients",
+    "broadcast_parameters",
+    "partition",
+]

@@ -9,8 +9,9 @@ from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
 from ..checks import check_float, check_int, check_x
-from ..graphs import AttentionGraph, GraphLike, as_graph
-from ..ops import AttentionOutput, BackendChoice, attention, backend_for, check_backend
+from ..graphs import AttentionGraph
+from ..ops import AttentionOutput, BackendChoice, backend_for, check_backend
+from .parts import AnyGraph, PartLike, attend, graph_or_part
 
 __all__ = ["SelfAttentionConv"]
 
@@ -166,7 +167,7 @@ class SelfAttentionConv(MessagePassing):
     def forward(
         self,
         x: Tensor | tuple[Tensor, Tensor],
-        edge_index: GraphLike | None = None,
+        edge_index: PartLike | None = None,
         edge_attr: Tensor | None = None,
         *,
         batch: Tensor | None = None,
@@ -210,7 +211,7 @@ class SelfAttentionConv(MessagePassing):
         q = self.lin_query(x_dst).view(n_dst, h, c)  # (N, H, C)
         k = self.lin_key(x_src).view(n_src, h, c)  # (M, H, C)
         v = self.lin_value(x_src).view(n_src, h, c)  # (M, H, C)
-        res = attention(
+        res = attend(
             q,
             k,
             v,
@@ -233,7 +234,7 @@ class SelfAttentionConv(MessagePassing):
     def backend_for(
         self,
         x: Tensor | tuple[Tensor, Tensor],
-        edge_index: GraphLike | None = None,
+        edge_index: PartLike | None = None,
         edge_attr: Tensor | None = None,
         *,
         batch: Tensor | None = None,
@@ -251,7 +252,7 @@ class SelfAttentionConv(MessagePassing):
         q = x_dst.new_empty(0, self.num_heads, self.head_dim)
         return backend_for(
             q,
-            graph,
+            graph.graph if not isinstance(graph, AttentionGraph) else graph,
             backend=self.backend if backend is None else check_backend(backend),
             score_bias=edge_attr is not None,
             dropout_p=self.dropout if self.training else 0.0,
@@ -261,13 +262,13 @@ class SelfAttentionConv(MessagePassing):
     def _inputs(
         self,
         x: Tensor | tuple[Tensor, Tensor],
-        edge_index: GraphLike | None,
+        edge_index: PartLike | None,
         edge_attr: Tensor | None,
         batch: Tensor | None,
-    ) -> tuple[AttentionGraph, Tensor, Tensor, Tensor | None]:
+    ) -> tuple[AnyGraph, Tensor, Tensor, Tensor | None]:
         """``(graph, x_src, x_dst, edge_attr)`` checked, with ``edge_attr`` on the graph's edges."""
         x_src, x_dst, bipartite = self._split_x(x)
-        graph = as_graph(
+        graph = graph_or_part(
             edge_index,
             num_src=x_src.shape[0],
             num_dst=x_dst.shape[0],
@@ -323,8 +324,8 @@ class SelfAttentionConv(MessagePassing):
     def _check_edge_attr(
         self,
         edge_attr: Tensor | None,
-        edge_index: GraphLike | None,
-        graph: AttentionGraph,
+        edge_index: PartLike | None,
+        graph: AnyGraph,
         x: Tensor,
     ) -> Tensor | None:
         if edge_attr is None:

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..checks import check_float, check_int, check_tensor
-from ..graphs import GraphLike, as_graph
 from .conv import SelfAttentionConv
 from .dropout import Dropout
+from .parts import PartLike, graph_or_part
 
 __all__ = ["GraphTransformer", "GraphTransformerLayer"]
 
@@ -165,7 +165,7 @@ class GraphTransformerLayer(torch.nn.Module):
     def forward(
         self,
         x: Tensor,
-        edge_index: GraphLike | None = None,
+        edge_index: PartLike | None = None,
         edge_attr: Tensor | None = None,
         *,
         batch: Tensor | None = None,
@@ -370,7 +370,7 @@ class GraphTransformer(torch.nn.Module):
     def forward(
         self,
         x: Tensor,
-        edge_index: GraphLike | None = None,
+        edge_index: PartLike | None = None,
         edge_attr: Tensor | None = None,
         *,
         batch: Tensor | None = None,
@@ -394,7 +394,7 @@ class GraphTransformer(torch.nn.Module):
         """
         # One graph object for every block: built (validated, pruned, analysed)
         # once per call, whatever form the graph came in.
-        graph = as_graph(
+        graph = graph_or_part(
             edge_index,
             num_src=x.shape[0],
             num_dst=x.shape[0],

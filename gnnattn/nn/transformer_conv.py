@@ -9,8 +9,8 @@ from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
 from ..checks import check_float, check_int, check_tensor
-from ..graphs import AttentionGraph, GraphLike, as_graph
-from ..ops import AttentionOutput, attention, check_backend
+from ..ops import AttentionOutput, check_backend
+from .parts import AnyGraph, PartLike, attend, graph_or_part
 
 __all__ = ["TransformerConv"]
 
@@ -153,7 +153,7 @@ class TransformerConv(MessagePassing):
     def forward(
         self,
         x: Tensor | tuple[Tensor, Tensor],
-        edge_index: GraphLike,
+        edge_index: PartLike,
         edge_attr: Tensor | None = None,
         return_attention_weights: bool | None = None,
         *,
@@ -177,7 +177,7 @@ class TransformerConv(MessagePassing):
         bipartite = not isinstance(x, Tensor)
         check_tensor(x_dst, "x")
         h, c = self.heads, self.out_channels
-        graph = as_graph(
+        graph = graph_or_part(
             edge_index,
             num_src=x_src.shape[0],
             num_dst=x_dst.shape[0],
@@ -189,7 +189,7 @@ class TransformerConv(MessagePassing):
         k = self.lin_key(x_src).view(-1, h, c)  # (M, H, C)
         v = self.lin_value(x_src).view(-1, h, c)  # (M, H, C)
         w_edge = self.lin_edge.weight if self.lin_edge is not None else None  # (H*C, F)
-        res = attention(
+        res = attend(
             q,
             k,
             v,
@@ -213,7 +213,7 @@ class TransformerConv(MessagePassing):
                 out = out + x_r
         if isinstance(res, AttentionOutput):
             assert res.weights is not None
-            given = edge_index.edge_index if isinstance(edge_index, AttentionGraph) else edge_index
+            given = edge_index if isinstance(edge_index, Tensor) else edge_index.edge_index
             return out, (given, res.weights)
         return out
 
@@ -224,7 +224,7 @@ class TransformerConv(MessagePassing):
             )
         return check_tensor(x[0], "x[0]"), check_tensor(x[1], "x[1]")
 
-    def _edge_attr(self, edge_attr: Tensor | None, graph: AttentionGraph) -> Tensor | None:
+    def _edge_attr(self, edge_attr: Tensor | None, graph: AnyGraph) -> Tensor | None:
         if self.lin_edge is None:
             # PyG ignores edge_attr without edge_dim: so does this layer.
             return None
