@@ -25,7 +25,9 @@ def _graph(case: dict[str, Any], g: torch.Generator) -> tuple[torch.Tensor, int,
     """``(edge_index, num_src, num_dst)``: random edges plus the case's special nodes."""
     n, m = case["n"], case.get("m", case["n"])
     e = case.get("e", 4 * n)
-    ei = torch.stack([torch.randint(0, m, (e,), generator=g), torch.randint(0, n, (e,), generator=g)])
+    ei = torch.stack(
+        [torch.randint(0, m, (e,), generator=g), torch.randint(0, n, (e,), generator=g)]
+    )
     extra = []
     if case.get("hub"):  # target 0 reads every source
         extra.append(torch.stack([torch.arange(m), torch.zeros(m, dtype=torch.int64)]))
@@ -63,22 +65,40 @@ def _owner(case: dict[str, Any], graph: AttentionGraph, world: int) -> Partition
     return partition(graph, world, method=case["method"], seed=3)
 
 
+def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item() if a.numel() else 0.0
+
+
 def _run(model: torch.nn.Module, case: dict[str, Any], x: Any, graph: Any, ea: Any) -> Any:
     if case["model"] == "transformer":
         return model(x, graph, ea)
     return model(x, graph, ea)
 
 
-def check(cases: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """Run every case on this rank; the largest differences to one process, per case."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+def check(cases: list[dict[str, Any]], worlds: list[int]) -> dict[int, list[dict[str, float]]]:
+    """Every case on P ranks for each P of ``worlds`` (the first P ranks of the launch, in a
+    group of their own: one launch serves every P); per P, this rank's largest differences
+    to one process, per case (nothing where this rank is not among the P)."""
+    out = {}
+    for world in worlds:
+        group = dist.new_group(list(range(world)))  # collective: every rank makes it
+        if dist.get_rank() < world:
+            out[world] = _check(cases, group)
+        dist.barrier()
+    return out
+
+
+def _check(cases: list[dict[str, Any]], group: Any) -> list[dict[str, float]]:
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
     results = []
     for case in cases:
         g = torch.Generator().manual_seed(case.get("seed", 0))
         ei, m, n = _graph(case, g)
         if case.get("owner") == "all_remote":
             # Target 1 reads sources that are all on other ranks (ids != 1 mod world).
-            srcs = torch.tensor([s for s in range(m) if s % world != 1 % world][:5], dtype=torch.int64)
+            srcs = torch.tensor(
+                [s for s in range(m) if s % world != 1 % world][:5], dtype=torch.int64
+            )
             ei = torch.cat([ei[:, ei[1] != 1], torch.stack([srcs, torch.ones_like(srcs)])], 1)
         bip = bool(case.get("bipartite"))
         graph = AttentionGraph(ei, n, num_src=m if bip else None, causal=case.get("causal", False))
@@ -108,28 +128,33 @@ def check(cases: list[dict[str, Any]]) -> list[dict[str, float]]:
                 t.grad = None
         model.zero_grad(set_to_none=True)
         # This rank's part.
-        part = _owner(case, graph, world).part(rank)
+        part = _owner(case, graph, world).part(rank, group)
         x_loc = (part.shard_src(x_src), part.shard(x_dst)) if bip else part.shard(x_src)
         ea_loc = part.shard_edges(ea) if ea is not None else None
         out_p = _run(model, case, x_loc, part, ea_loc)
         (out_p * part.shard(w)).sum().backward()
-        all_reduce_gradients(model)
+        all_reduce_gradients(model, group)
         err = {
             "out": (out_p - part.shard(ref["out"])).abs().max().item() if out_p.numel() else 0.0,
-            "params": max((p.grad - r).abs().max().item() for p, r in zip(model.parameters(), ref["params"], strict=True)),
+            "params": max(
+                (p.grad - r).abs().max().item()
+                for p, r in zip(model.parameters(), ref["params"], strict=True)
+            ),
         }
         # Input gradients: each rank holds its own rows' (the halo's came back to it).
         own_src = part.sources if bip else part.targets
         gx = x_src.grad if x_src.grad is not None else torch.zeros_like(x_src)
-        err["x_src"] = (gx[own_src] - ref["x_src"][own_src]).abs().max().item() if own_src.numel() else 0.0
+        err["x_src"] = (
+            (gx[own_src] - ref["x_src"][own_src]).abs().max().item() if own_src.numel() else 0.0
+        )
         if bip:
             gd = x_dst.grad if x_dst.grad is not None else torch.zeros_like(x_dst)
             t = part.targets
-            err["x_dst"] = (gd[t] - ref["x_dst"][t]).abs().max().item() if t.numel() else 0.0
+            err["x_dst"] = _diff(gd[t], ref["x_dst"][t])
         if ea is not None:
             ge = ea.grad if ea.grad is not None else torch.zeros_like(ea)
             ids = part.edge_ids
-            err["ea"] = (ge[ids] - ref["ea"][ids]).abs().max().item() if ids.numel() else 0.0
+            err["ea"] = _diff(ge[ids], ref["ea"][ids])
         err["scale"] = ref["out"].abs().max().item()
         err["targets"] = part.num_targets
         err["halo"] = part.halo.numel()

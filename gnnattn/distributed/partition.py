@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,8 +72,7 @@ def _metis(graph: AttentionGraph, num_parts: int, seed: int) -> Tensor:
     opts = pymetis.Options(seed=seed)
     _, membership = pymetis.part_graph(
         num_parts,
-        xadj=xadj,
-        adjncy=b,
+        pymetis.CSRAdjacency(adj_starts=xadj, adjacent=b),
         vweights=_weights(graph).numpy(),
         options=opts,
     )
@@ -127,12 +127,18 @@ class Partition:
         else:
             self.src_owner = self.owner
 
-    def part(self, rank: int) -> GraphPart:
-        """Rank ``rank``'s part: its targets, its local graph, its halo and send lists."""
+    def part(self, rank: int, group: Any = None) -> GraphPart:
+        """Rank ``rank``'s part: its targets, its local graph, its halo and send lists.
+
+        ``group`` is the process group of the exchange (default: the world; a
+        group of its own under DDP, see :mod:`gnnattn.distributed.exchange`).
+        """
         check_int(rank, "rank")
         if not 0 <= rank < self.num_parts:
             raise ValueError(f"Expected 'rank' in [0, {self.num_parts}), got {rank}")
-        return GraphPart.build(self.graph, self.owner, self.src_owner, rank, self.num_parts)
+        return GraphPart.build(
+            self.graph, self.owner, self.src_owner, rank, self.num_parts, group=group
+        )
 
     def halo_fraction(self) -> float:
         """Halo rows over owned rows, summed over the ranks (the exchange's volume)."""
