@@ -163,6 +163,9 @@ def test_wrong_inputs_to_a_part_name_what_was_expected() -> None:
         conv((torch.randn(20, 8), torch.randn(20, 8)), part)
     with pytest.raises(ValueError, match="shard_edges"):
         SelfAttentionConv(8, 2, edge_dim=3)(torch.randn(20, 8), part, torch.randn(59, 3))
+    two = partition(_random_graph(20, 60), 2).part(0)
+    with pytest.raises(ValueError, match="rank 0 of 2 .* got it on rank 0 of 1"):
+        conv(two.shard(torch.randn(20, 8)), two)
     with pytest.raises(ValueError, match="'method'"):
         partition(_random_graph(20, 60), 2, method="spectral")
     with pytest.raises(ValueError, match="'num_parts'"):

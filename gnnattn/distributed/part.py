@@ -22,6 +22,7 @@ go back to their owners in one ``all_to_all_single`` and are added there with
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -325,11 +326,27 @@ class GraphPart:
                     f"got {got}"
                 )
         rank, world = group_rank(self.group)
-        if (rank, world) != (self.rank, self.world_size) and world > 1:
+        if (rank, world) != (self.rank, self.world_size) and self.world_size > 1:
             raise ValueError(
-                f"Expected this part on rank {self.rank} of {self.world_size}, got it on rank "
-                f"{rank} of {world} (load the file of this rank)"
+                f"Expected this part on rank {self.rank} of {self.world_size} (of its process "
+                f"group), got it on rank {rank} of {world} (init torch.distributed with "
+                f"{self.world_size} processes and give each rank its own part)"
             )
+
+    def to(self, device: torch.device | str) -> GraphPart:
+        """This part with its index arrays and graphs on ``device`` (moved once, not per
+        call; the exchange's counts stay on the host)."""
+        moved: dict[str, Any] = {
+            k: v.to(device) if isinstance(v, Tensor) else v for k, v in vars(self._layout).items()
+        }
+        lay = _Layout(**moved)
+        part = copy.copy(self)
+        part._layout = lay
+        part.traffic = {"forward": 0, "backward": 0}
+        part.graph = self.graph.to(device)
+        part.interior_graph = self.interior_graph.to(device)
+        part.boundary_graph = self.boundary_graph.to(device)
+        return part
 
     # ------------------------------------------------------------ files
 
@@ -343,7 +360,8 @@ class GraphPart:
             bipartite=self.is_bipartite,
             causal=self.causal,
         )
-        torch.save({"layout": vars(self._layout), "meta": meta}, path)
+        layout = {k: v.cpu() if isinstance(v, Tensor) else v for k, v in vars(self._layout).items()}
+        torch.save({"layout": layout, "meta": meta}, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, group: Any = None) -> GraphPart:
