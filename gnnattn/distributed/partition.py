@@ -58,8 +58,15 @@ def _metis(graph: AttentionGraph, num_parts: int, seed: int) -> Tensor:
         raise ImportError(
             "method='metis' needs the 'pymetis' package: pip install 'gnnattn[distributed]'"
         ) from e
-    n = graph.num_dst
     src, dst = graph.edge_index
+    weights = _weights(graph)
+    n = graph.num_dst
+    if graph.is_bipartite:
+        # Sources are vertices of their own (after the targets), of weight 1:
+        # METIS then keeps a source with the targets that read it.
+        src = src + graph.num_dst
+        n += graph.num_src
+        weights = torch.cat([weights, torch.ones(graph.num_src, dtype=weights.dtype)])
     keep = src != dst  # METIS takes no self-loops
     a = torch.cat([src[keep], dst[keep]]).numpy()
     b = torch.cat([dst[keep], src[keep]]).numpy()
@@ -73,10 +80,11 @@ def _metis(graph: AttentionGraph, num_parts: int, seed: int) -> Tensor:
     _, membership = pymetis.part_graph(
         num_parts,
         pymetis.CSRAdjacency(adj_starts=xadj, adjacent=b),
-        vweights=_weights(graph).numpy(),
+        vweights=weights.numpy(),
         options=opts,
     )
-    return torch.as_tensor(np.asarray(membership, dtype=np.int64))
+    owner = np.asarray(membership, dtype=np.int64)[: graph.num_dst]
+    return torch.as_tensor(owner)
 
 
 def _source_owners(graph: AttentionGraph, owner_dst: Tensor, num_parts: int) -> Tensor:
