@@ -387,7 +387,7 @@ def _bwd(
     pl_t: TritonPlan,
     tperm: Tensor,
     block_e: int | None,
-    edge: _Edge = _Edge(),
+    edge: _Edge | None = None,
 ) -> tuple[Tensor | None, ...]:
     """The backward's launches, given checked plans: no host synchronisation.
 
@@ -398,6 +398,7 @@ def _bwd(
     m, cv = k.shape[0], v.shape[2]
     e = pl.num_edges
     fmt = torch.contiguous_format
+    edge = edge if edge is not None else _Edge()
     ea, eq, ge = edge.attr, edge.query, edge.grad_out
     nf = ea.shape[1] if ea is not None else 0
     if n * h == 0 or e == 0:  # no edge, no gradient
