@@ -38,6 +38,8 @@ from gnnattn.kernels import triton_ops  # noqa: E402
 from gnnattn.kernels.common import Dropout  # noqa: E402
 from gnnattn.ops import backend_for  # noqa: E402
 
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # on a GPU, the same tests compiled
 F32, F64 = torch.float32, torch.float64
 # Targets 0 and 4 isolated, 1 with one edge, 2 a hub of 40 in-edges (3 chunks
 # of 16), 5 fully masked by the score bias in head 0; source 0 a hub (split
@@ -63,9 +65,8 @@ def _inputs(lens, h, nf, *, m=7, c=12, cv=5, dtype=F32, seed=0):
     ea = torch.randn(e, nf, generator=gen)
     eq = torch.randn(n, h, nf, generator=gen)
     ge = torch.randn(n, h, nf, generator=gen)
-    return [
-        t.to(dtype) if t.is_floating_point() else t for t in (q, k, v, ptr, col, b, vb, ea, eq, ge)
-    ]
+    out = (q, k, v, ptr, col, b, vb, ea, eq, ge)
+    return [t.to(DEV, dtype) if t.is_floating_point() else t.to(DEV) for t in out]
 
 
 def _close(got, want, tol):
@@ -80,14 +81,14 @@ def _close(got, want, tol):
 
 
 def _check(lens, h, nf, *, bias=False, vbias=False, dropout=None, query=True, grad=True,
-           logits=1.0, dtype=F32, tol=2e-5, blocks=BLOCKS):  # fmt: skip
-    q, k, v, ptr, col, b, vb, ea, eq, ge = _inputs(lens, h, nf, dtype=dtype)
+           logits=1.0, dtype=F32, tol=2e-5, blocks=BLOCKS, **shape):  # fmt: skip
+    q, k, v, ptr, col, b, vb, ea, eq, ge = _inputs(lens, h, nf, dtype=dtype, **shape)
     q = q * logits
     eq = eq * logits if query else None
     ge = ge if grad else None
     b, vb = (b if bias else None), (vb if vbias else None)
     kw = dict(value_bias=vb, dropout=dropout, edge_attr=ea, edge_query=eq)
-    scale = 12**-0.5
+    scale = q.shape[2] ** -0.5
     got = ta.attention_fwd(q, k, v, ptr, col, scale, b, **kw, **blocks)
     d64 = [None if t is None else t.double() for t in (q, k, v, b, vb, ea, eq, ge)]
     q6, k6, v6, b6, vb6, ea6, eq6, ge6 = d64
@@ -96,7 +97,7 @@ def _check(lens, h, nf, *, bias=False, vbias=False, dropout=None, query=True, gr
     assert len(got) == 3 and got[2].dtype == dtype and got[2].shape == (len(lens), h, nf)
     for x, y in zip(got, want, strict=True):
         _close(x, y, tol)
-    go = torch.randn(got[0].shape, generator=torch.Generator().manual_seed(9)).to(dtype)
+    go = torch.randn(got[0].shape, generator=torch.Generator().manual_seed(9)).to(DEV, dtype)
     grads = ta.attention_bwd(
         q, k, v, got[0], got[1], go, ptr, col, scale, b, **kw, grad_edge_out=ge, **blocks
     )
@@ -139,7 +140,7 @@ def test_triton_edge_features_float64_equal_reference() -> None:
 def test_triton_edge_features_on_tiny_and_empty_graphs() -> None:
     # One node attending to itself, with every option.
     q, k, v, ptr, col, b, vb, ea, eq, ge = _inputs([1], 1, 3, m=1, c=3, cv=2, dtype=F64)
-    col = torch.zeros(1, dtype=torch.long)
+    col = torch.zeros(1, dtype=torch.long, device=DEV)
     kw = dict(value_bias=vb, dropout=Dropout(0.5, 3, 0), edge_attr=ea, edge_query=eq)
     got = ta.attention_fwd(q, k, v, ptr, col, 0.5, b, **kw)
     want = ref.attention_fwd(q, k, v, ptr, col, 0.5, b, **kw)
@@ -222,10 +223,10 @@ def test_triton_edge_operator_fused_path_equals_mp(monkeypatch) -> None:
     n, h, c, nf = 6, 2, 3, 3
     ei = torch.randint(0, n, (2, 16), generator=gen)
     ei[1][ei[1] == 4] = 5  # target 4 isolated
-    graph = AttentionGraph(ei, n)
-    q, k, v = (torch.randn(n, h, c, generator=gen, dtype=F64) for _ in range(3))
-    ea = torch.randn(16, nf, generator=gen, dtype=F64)
-    wk, wv = (torch.randn(h * c, nf, generator=gen, dtype=F64) for _ in range(2))
+    graph = AttentionGraph(ei.to(DEV), n)
+    q, k, v = (torch.randn(n, h, c, generator=gen, dtype=F64).to(DEV) for _ in range(3))
+    ea = torch.randn(16, nf, generator=gen, dtype=F64).to(DEV)
+    wk, wv = (torch.randn(h * c, nf, generator=gen, dtype=F64).to(DEV) for _ in range(2))
     ins = [t.requires_grad_() for t in (q, k, v, ea, wk, wv)]
     choice = backend_for(q, graph, edge_attr=True)
     assert choice.backend == "fused" and "fused" in choice.reason
@@ -235,6 +236,7 @@ def test_triton_edge_operator_fused_path_equals_mp(monkeypatch) -> None:
                               backend=backend, return_lse=True)  # fmt: skip
         assert r.backend == backend
         g = torch.randn(r.out.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
+        g = g.to(DEV)
         res[backend] = (r.out, *torch.autograd.grad((r.out * g).sum(), ins))
     for x, y in zip(res["fused"], res["mp"], strict=True):
         torch.testing.assert_close(x, y, atol=1e-10, rtol=1e-10)
@@ -243,3 +245,18 @@ def test_triton_edge_operator_fused_path_equals_mp(monkeypatch) -> None:
         ("attention_fwd", ["edge_attr", "edge_query"]),
         ("attention_bwd", ["edge_attr", "edge_out", "edge_query"]),
     ]
+
+
+# ------------------------------------------------------------------ on a GPU
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_triton_cuda_edge_features_large() -> None:
+    """At scale, compiled: a 3000-edge hub target and hub source, F = 16, H = 4, C = 64,
+    every option, default blocks; float32 against float64. Sums of ~3000 terms: 1e-4
+    relative to the largest entry."""
+    torch.manual_seed(4)
+    lens = [0, 1, 17, 3000, *torch.randint(0, 48, (4000,)).tolist()]
+    _check(lens, 4, 16, bias=True, vbias=True, dropout=DROP, tol=1e-4, blocks={}, m=3000,
+           c=64, cv=64)  # fmt: skip
