@@ -118,11 +118,10 @@ def _check(lens, h, nf, *, bias=False, vbias=False, dropout=None, query=True, gr
     [
         (1, 1, dict()),
         (3, 3, dict(bias=True, vbias=True, dropout=DROP)),
-        (16, 3, dict(bias=True, grad=False)),
+        (16, 3, dict(bias=True, vbias=True, grad=False)),
         (3, 1, dict(dropout=DROP, query=False)),
-        (16, 1, dict(vbias=True, dropout=DROP)),
     ],
-    ids=["F1-H1", "F3-H3-all", "F16-H3-bias-no-grad", "F3-H1-dropout-no-query", "F16-H1-vb-drop"],
+    ids=["F1-H1", "F3-H3-all", "F16-H3-biases-no-grad", "F3-H1-dropout-no-query"],
 )
 def test_triton_edge_features_float32_match_float64_reference(nf, h, opts) -> None:
     _check(LENS, h, nf, **opts)
@@ -169,7 +168,7 @@ def test_triton_edge_features_on_tiny_and_empty_graphs() -> None:
 
 def test_triton_edge_backward_recomputes_what_it_is_not_given() -> None:
     """Without ``out`` or ``edge_out`` the backward runs one more forward: same numbers."""
-    q, k, v, ptr, col, b, vb, ea, eq, ge = _inputs([2, 0, 20, 5], 3, 3, dtype=F64)
+    q, k, v, ptr, col, b, vb, ea, eq, ge = _inputs([2, 0, 9, 5], 2, 3, dtype=F64)
     kw = dict(value_bias=vb, dropout=DROP, edge_attr=ea, edge_query=eq, **BLOCKS)
     out, lse, eo = ta.attention_fwd(q, k, v, ptr, col, 0.3, b, **kw)
     go = torch.randn_like(out)
