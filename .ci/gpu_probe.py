@@ -135,7 +135,8 @@ def section_tests(dry: bool) -> dict[str, Any]:
     """The Triton and CUDA tests (no offline compile on the device)."""
     select = "triton_ops_has_the_reference_api" if dry else "(triton or cuda or gpu) and not sm90"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", select]
-    cmd += ["tests/test_triton_kernels.py", "tests/test_layers.py", "tests/test_graph_object.py"]
+    cmd += ["tests/test_triton_kernels.py", "tests/test_triton_edge.py", "tests/test_layers.py"]
+    cmd += ["tests/test_graph_object.py"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     tail = (proc.stdout + proc.stderr)[-6000:]
@@ -360,7 +361,8 @@ def _index_tensors(graph: Any) -> tuple[Any, Any, tuple[Any, Any, Any]]:
 
 
 def section_options(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, Any]:
-    """The fused kernels with plans: fwd+bwd with value bias / dropout vs without; no sync."""
+    """The fused kernels with plans: fwd+bwd with value bias / dropout / raw edge features
+    (F = 16) vs without; no sync."""
     import torch
 
     from gnnattn import AttentionGraph
@@ -376,18 +378,25 @@ def section_options(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, 
     q, k, v, go = (torch.randn(n, h, c, device=device, dtype=dtype) for _ in range(4))
     vb = torch.randn(e, h, c, device=device, dtype=dtype)
     drop = Dropout(0.1, (1 << 62) + 0x9E37_79B9, 0)
+    ea = torch.randn(e, 16, device=device, dtype=dtype)
+    eq, ge = (torch.randn(n, h, 16, device=device, dtype=dtype) for _ in range(2))
+    edge = {"edge_attr": ea, "edge_query": eq}
     variants = {
         "plain": {},
         "value_bias": {"value_bias": vb},
         "dropout": {"dropout": drop},
         "value_bias+dropout": {"value_bias": vb, "dropout": drop},
+        "edge_attr_F16": edge,
     }
+    if not dry:  # the dry run's interpreter pays seconds per variant: one edge variant there
+        variants["edge_attr_F16+dropout"] = {**edge, "dropout": drop}
 
     def step(opts: dict[str, Any]) -> None:
-        out, lse = ta.attention_fwd(q, k, v, ptr, col, c**-0.5, plan=plan, **opts)
+        res = ta.attention_fwd(q, k, v, ptr, col, c**-0.5, plan=plan, **opts)
+        bw = {"grad_edge_out": ge, "edge_out": res[2]} if "edge_attr" in opts else {}
         ta.attention_bwd(
-            q, k, v, out, lse, go, ptr, col, c**-0.5, csc=csc, plan=plan, csc_plan=csc_plan,
-            **opts,
+            q, k, v, res[0], res[1], go, ptr, col, c**-0.5, csc=csc, plan=plan,
+            csc_plan=csc_plan, **opts, **bw,
         )  # fmt: skip
 
     if device == "cuda":
@@ -413,7 +422,7 @@ def section_options(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, 
     res["fwdbwd"] = rows
     # Given plans, a call never waits for the device (and a new seed compiles nothing).
     if device == "cuda":
-        opts = variants["value_bias+dropout"]
+        opts = {**variants["value_bias+dropout"], **edge}  # the edge path must not sync either
         step(opts)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")

@@ -205,7 +205,7 @@ def test_fused_edge_features_pass_gradcheck():
     assert torch.autograd.gradcheck(f, ins)
 
 
-def test_edge_features_route_away_from_sdpa_and_triton():
+def test_edge_features_route_away_from_sdpa_and_kernels_without_them():
     q, k, v, _, ea, wk, wv = op_inputs(n=4, m=4)
     graph = AttentionGraph.complete(4)
     ea = ea[:16]
@@ -215,7 +215,7 @@ def test_edge_features_route_away_from_sdpa_and_triton():
         backend_for(q, graph, backend="sdpa", edge_attr=True)
     r = gnnattn.attention(q, k, v, graph, edge_attr=ea, edge_value=wv, need_weights=True)
     assert r.backend == "fused"
-    # A kernel module without the option (the Triton one, for now): "mp", with the reason.
+    # A kernel module without the option (none ships one now): "mp", with the reason.
     import gnnattn.ops.choice as choice_mod
 
     class NoEdges:

@@ -75,19 +75,12 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> 
 # --------------------------------------------------------------------------- API
 
 
-EDGE_ONLY = frozenset({"edge_attr", "edge_query", "grad_edge_out"})
-
-
 def test_triton_ops_has_the_reference_api() -> None:
     names = ["segment_softmax_fwd", "segment_softmax_bwd", "attention_fwd", "attention_bwd", "plan"]
     assert sorted(triton_ops.__all__) == sorted([*names, "TritonPlan"])
     for name in names:
         mine = list(inspect.signature(getattr(triton_ops, name)).parameters.values())
         theirs = list(inspect.signature(getattr(ref, name)).parameters.values())
-        # The edge-feature options are not in Triton yet (the backend choice
-        # sends such calls to "mp", saying so): the rest must match.
-        assert not {p.name for p in mine} & EDGE_ONLY
-        theirs = [p for p in theirs if p.name not in EDGE_ONLY]
         # Same parameters, kinds and defaults; extras are keyword-only.
         assert [(p.name, p.kind, p.default) for p in mine[: len(theirs)]] == [
             (p.name, p.kind, p.default) for p in theirs
@@ -738,7 +731,8 @@ _COMPILE = textwrap.dedent(
            "chunk_seg_ptr", "rank_ptr", "split_ptr")
     ACC = ("lse_ptr", "delta_ptr", "scale_ptr") + tuple(
         n for n in ("part_m_ptr", "part_s_ptr", "part_d_ptr", "part_l_ptr", "part_acc_ptr",
-                    "part_ptr", "part_k_ptr", "part_v_ptr", "part_a_ptr", "part_b_ptr"))
+                    "part_ptr", "part_k_ptr", "part_v_ptr", "part_a_ptr", "part_b_ptr",
+                    "part_eo_ptr", "part_eq_ptr"))
 
     def signature(fn, dt, acc, consts):
         sig = {}
@@ -762,15 +756,21 @@ _COMPILE = textwrap.dedent(
         soft = dict(ACC=acc, BLOCK_E=256, BLOCK_H=8, CHUNK=2048)
         att = dict(ACC=acc, BLOCK_E=8, BLOCK_H=8, BLOCK_C=32, BLOCK_CV=64, CHUNK=256,
                    H=8, C=24, CV=64)
-        every = dict(att, HAS_BIAS=True, HAS_VB=True, HAS_DROPOUT=True)
-        none = dict(att, HAS_BIAS=False, HAS_VB=False, HAS_DROPOUT=False)
+        # "every" with the edge features too (F = 5 in an 8-wide tile).
+        edge = dict(F=5, BLOCK_F=8, HAS_EA=True, HAS_EQ=True)
+        every = dict(att, HAS_BIAS=True, HAS_VB=True, HAS_DROPOUT=True, **edge)
+        none = dict(att, HAS_BIAS=False, HAS_VB=False, HAS_DROPOUT=False, F=0, BLOCK_F=1,
+                    HAS_EA=False, HAS_EQ=False)
+        bwd_every, bwd_none = dict(every, HAS_GE=True), dict(none, HAS_GE=False)
         jobs = [
             (ts._softmax_fwd_chunk, dict(soft, SLOTS=2)), (ts._softmax_fwd_split, soft),
             (ts._softmax_bwd_chunk, dict(soft, SLOTS=1)), (ts._softmax_bwd_split, soft),
             (ts._softmax_combine, dict(ACC=acc, BLOCK_H=8, IS_MAX=True)),
             (taf._attn_fwd, every), (taf._attn_fwd, none),
-            (taf._attn_fwd_combine, dict(ACC=acc, BLOCK_H=8, BLOCK_CV=64, H=8, CV=64)),
-            (tab._attn_bwd_dq, every), (tab._attn_bwd_dkdv, every), (tab._attn_bwd_dkdv, none),
+            (taf._attn_fwd_combine, dict(ACC=acc, BLOCK_H=8, BLOCK_CV=64, H=8, CV=64, F=5,
+                                          BLOCK_F=8, HAS_EA=True)),
+            (tab._attn_bwd_dq, bwd_every), (tab._attn_bwd_dkdv, bwd_every),
+            (tab._attn_bwd_dkdv, bwd_none),
             (tab._sum_split_rows, dict(ACC=acc, W=192, SCALED=True, BLOCK_W=256)),
         ]
         for fn, consts in jobs:

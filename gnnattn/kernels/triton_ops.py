@@ -3,7 +3,8 @@
 The functions of :mod:`gnnattn.kernels.reference`, with the same signatures
 and return conventions, implemented by :mod:`gnnattn.kernels.triton_softmax`
 (segment softmax) and :mod:`gnnattn.kernels.triton_attention` (fused sparse
-attention, with score bias, value bias and dropout), and :func:`plan`
+attention, with score bias, value bias, dropout and raw edge features
+``edge_attr`` / ``edge_query``), and :func:`plan`
 (:func:`gnnattn.kernels.chunks.plan`): the checked, chunked CSR that a graph
 keeps and passes as ``plan=`` / ``csc_plan=``, so that a call makes no host
 synchronisation. A plan depends on the CSR alone (not on head counts, head

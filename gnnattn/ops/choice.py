@@ -8,10 +8,10 @@ window filling > 1/4 of the matrix; no      :func:`torch.nn.functional.scaled_do
 edge score or value bias
 inside ``torch.compile``                    ``"mp"``: the compiled kernels are not traced
 no compiled kernel for the device           ``"mp"`` (numba / triton not installed)
-raw edge features (``edge_attr``) on a      ``"mp"``: the Triton kernels do not take
-device whose kernel lacks them (CUDA)       them yet
+raw edge features (``edge_attr``) and a     ``"mp"``, saying so (the numba and Triton
+kernel module without that option           kernels both take them)
 anything else (dropout and edge             ``"fused"``: the sparse kernel over the CSR
-features included)
+features included)                          (numba on the CPU, Triton on CUDA)
 =========================================  ==========================================
 
 An explicit backend is taken as asked, or refused with a ``ValueError`` that
@@ -108,9 +108,10 @@ def backend_for(
             backend has it. (default: ``0.0``)
         edge_attr (bool, optional): the call has raw edge features
             (``edge_attr`` with ``edge_key`` / ``edge_value``); SDPA does not
-            take them, and where the device's fused kernel does not either
-            (the Triton kernels, for now) the call runs on ``"mp"``, asked for
-            ``"fused"`` or not, with the reason. (default: :obj:`False`)
+            take them; the fused kernels (numba on the CPU, Triton on CUDA)
+            do. A kernel module without the option (none ships) sends the
+            call to ``"mp"``, asked for ``"fused"`` or not, with the reason.
+            (default: :obj:`False`)
 
     Raises:
         ValueError: ``backend="sdpa"`` where SDPA cannot compute the call.
@@ -123,7 +124,7 @@ def backend_for(
             return BackendChoice(
                 "mp",
                 f"the fused {q.device.type} kernel does not take raw edge features "
-                f"(edge_attr) yet: the message-passing path",
+                f"(edge_attr): the message-passing path",
             )
     if backend == "sdpa":
         why = _sdpa_refusal(graph, has_bias)

@@ -11,6 +11,8 @@ plans nothing about the graph: on a GPU it makes no host synchronisation.
 
 from __future__ import annotations
 
+import inspect
+from functools import cache
 from types import ModuleType
 from typing import Any
 
@@ -55,6 +57,13 @@ def _plan(graph: AttentionGraph, kern: ModuleType, layout: str) -> Any:
     return graph.derived(key, lambda: kern.plan(tptr, trow, graph.num_dst, perm=tperm))
 
 
+@cache
+def _takes_edge_out(kern: ModuleType) -> bool:
+    """Whether a kernel's backward takes the forward's ``edge_out`` (Triton's: its
+    ``D_i`` comes from the saved outputs, not from the edges)."""
+    return "edge_out" in inspect.signature(kern.attention_bwd).parameters
+
+
 class _FusedAttention(torch.autograd.Function):
     """Autograd around the kernels' ``attention_fwd`` / ``attention_bwd``.
 
@@ -67,7 +76,8 @@ class _FusedAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, bias, vbias, ea, eq, graph, scale, dropout):  # type: ignore[override]
         kern = kernels.get(q.device)
         ptr, col = _csr(graph, q.device)
-        # The edge options are passed only when given: the Triton kernels lack them.
+        # The edge options are passed only when given (a kernel module may lack them:
+        # backend_for sends such calls to "mp").
         opts = {} if ea is None else {"edge_attr": ea, "edge_query": eq}
         res = kern.attention_fwd(
             q, k, v, ptr, col, scale, bias,
@@ -77,16 +87,20 @@ class _FusedAttention(torch.autograd.Function):
         edge_out = res[2] if ea is not None else None
         # The CPU kernel's backward recomputes D_i = dout_i . out_i from the
         # edges, so the output is not kept: at N = 1M, embed 128 that is
-        # 0.5 GB less at the backward's peak.
-        keep_out = out if q.device.type != "cpu" else None
-        ctx.save_for_backward(q, k, v, bias, vbias, keep_out, lse, ea, eq)
+        # 0.5 GB less at the backward's peak. Triton's takes D_i from the
+        # outputs (out, and edge_out for the edge_out gradient's term), which
+        # are kept rather than recomputed by one more forward.
+        takes_eo = _takes_edge_out(kern)
+        keep_out = out if q.device.type != "cpu" or takes_eo else None
+        keep_eo = edge_out if takes_eo else None
+        ctx.save_for_backward(q, k, v, bias, vbias, keep_out, lse, ea, eq, keep_eo)
         ctx.graph, ctx.scale, ctx.dropout = graph, scale, dropout
         ctx.mark_non_differentiable(lse)
         return out, lse, edge_out
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse, grad_edge_out):  # type: ignore[override]
-        q, k, v, bias, vbias, out, lse, ea, eq = ctx.saved_tensors
+        q, k, v, bias, vbias, out, lse, ea, eq, eo = ctx.saved_tensors
         graph = ctx.graph
         kern = kernels.get(q.device)
         ptr, col = _csr(graph, q.device)
@@ -94,6 +108,8 @@ class _FusedAttention(torch.autograd.Function):
         if ea is not None:
             ge = grad_edge_out.contiguous() if grad_edge_out is not None else None
             opts = {"edge_attr": ea, "edge_query": eq, "grad_edge_out": ge}
+            if eo is not None:
+                opts["edge_out"] = eo
         res = kern.attention_bwd(
             q, k, v, out, lse, grad_out.contiguous(), ptr, col, ctx.scale, bias,
             value_bias=vbias, dropout=ctx.dropout, csc=_csc(graph, q.device),

@@ -8,9 +8,12 @@ and rescaled by the counter-based stream of :mod:`gnnattn.kernels.common`,
 for ``q`` ``[N, H, C]``, ``k`` ``[M, H, C]``, ``v`` ``[M, H, Cv]`` (``M`` may
 differ from ``N``), ``ptr`` int64 ``[N + 1]``, ``col`` int32/int64 ``[E]``, an
 optional score ``bias`` ``[E, H]`` and an optional ``value_bias`` ``[E, H, Cv]``
-(both in CSR order). Inputs may be float16, bfloat16, float32 (float64 too);
-products and sums run in :func:`~gnnattn.kernels.common.acc_dtype`, outputs
-have the input dtype, ``lse`` is float32 (float64).
+(both in CSR order), and optional raw edge features ``edge_attr`` ``[E, F]``
+with edge queries ``edge_query`` ``[N, H, F]`` (the forward then also returns
+``edge_out = sum_j P_ij a_ij``, the backward takes ``grad_edge_out``).
+Inputs may be float16, bfloat16, float32 (float64 too); products and sums run
+in :func:`~gnnattn.kernels.common.acc_dtype`, outputs have the input dtype,
+``lse`` is float32 (float64).
 
 Layout
 ------
@@ -46,7 +49,13 @@ the same idea for graphs). Every kernel starts with the same prologue,
 Options: ``value_bias`` is one more contiguous ``[BLOCK_E, H, Cv]`` row per
 edge in the forward and the ``dq`` pass, a gather by ``tperm`` in the
 ``dk``/``dv`` pass; ``dropout`` is regenerated from its key by every pass,
-never stored (:mod:`._random`).
+never stored (:mod:`._random`); ``edge_attr`` is one ``[BLOCK_E, F]`` row
+per edge (shared by the heads: ``F`` is padded to ``BLOCK_F`` and masked),
+read in CSR order in the forward and the ``dq`` pass and by ``tperm`` in the
+``dk``/``dv`` pass, which also gathers ``edge_query_i`` and
+``grad_edge_out_i`` (``H * F`` each) per edge. Nothing of size ``E x H x C``
+or ``E x H x F`` is made: ``edge_out`` and its gradients are ``[N, H, F]``
+and ``[E, F]``.
 
 Head counts and dims are compile-time constants (one compile per layer
 shape), so the compiler knows that a row offset ``(j * H + h) * C`` is a

@@ -112,6 +112,39 @@ def _check_inputs(
             )
 
 
+def _check_edge(
+    q: Tensor,
+    e: int,
+    edge_attr: Tensor | None,
+    edge_query: Tensor | None,
+    grad_edge_out: Tensor | None = None,
+    edge_out: Tensor | None = None,
+) -> None:
+    """The edge-feature options: ``edge_attr`` ``[E, F]``, ``edge_query`` and the
+    backward's ``grad_edge_out`` / ``edge_out`` ``[N, H, F]`` (metadata only)."""
+    if edge_attr is None:
+        for name, t in (("edge_query", edge_query), ("grad_edge_out", grad_edge_out),
+                        ("edge_out", edge_out)):  # fmt: skip
+            if t is not None:
+                raise ValueError(f"Expected 'edge_attr' with '{name}', got None")
+        return
+    if not isinstance(edge_attr, Tensor) or not edge_attr.is_floating_point():
+        raise TypeError(f"Expected 'edge_attr' a floating-point tensor, got {edge_attr!r:.80}")
+    if edge_attr.dim() != 2 or edge_attr.shape[0] != e:
+        raise ValueError(f"Expected 'edge_attr' of shape [{e}, F], got {list(edge_attr.shape)}")
+    rows = (q.shape[0], q.shape[1], edge_attr.shape[1])
+    named = (("edge_query", edge_query), ("grad_edge_out", grad_edge_out), ("edge_out", edge_out))
+    for name, t in (("edge_attr", edge_attr), *named):
+        if t is None:
+            continue
+        if not t.is_floating_point():
+            raise TypeError(f"Expected '{name}' a floating-point tensor, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"Expected '{name}' on the device of 'q' ({q.device}), got {t.device}")
+        if name != "edge_attr" and tuple(t.shape) != rows:
+            raise ValueError(f"Expected '{name}' of shape {list(rows)}, got {list(t.shape)}")
+
+
 def _check_csc(
     csc: tuple[Tensor, Tensor, Tensor], m: int, e: int, device: torch.device
 ) -> tuple[Tensor, Tensor, Tensor]:

@@ -45,6 +45,7 @@ class _Blocks(NamedTuple):
     block_c: int
     block_cv: int
     num_warps: int
+    block_f: int = 1
 
 
 def _block_e(num_edges: int, n: int, tile: int, chunk: int | None) -> int:
@@ -64,11 +65,35 @@ def _tile(h: int, c: int, cv: int) -> tuple[int, int, int, int]:
     return block_h, block_c, block_cv, block_h * max(block_c, block_cv)
 
 
-def _blocks(pl: TritonPlan, h: int, c: int, cv: int, block_e: int | None) -> _Blocks:
+def _blocks(pl: TritonPlan, h: int, c: int, cv: int, block_e: int | None, f: int = 0) -> _Blocks:
+    """Block sizes of one launch; ``f`` the edge-feature width (0 without them)."""
     block_h, block_c, block_cv, tile = _tile(h, c, cv)
+    # The edge features' [BLOCK_E, BLOCK_H, BLOCK_F] products count like a row tile.
+    block_f = triton.next_power_of_2(max(f, 1))
+    tile = max(tile, block_h * block_f)
     if block_e is None:
         block_e = _block_e(pl.num_edges, pl.num_rows, tile, pl.chunk)
     if block_e < 1 or block_e & (block_e - 1):
         raise ValueError(f"Expected 'block_e' a power of two, got {block_e}")
     num_warps = 4 if block_e * tile <= 4096 else 8
-    return _Blocks(block_e, block_h, block_c, block_cv, num_warps)
+    return _Blocks(block_e, block_h, block_c, block_cv, num_warps, block_f)
+
+
+@triton.jit
+def _load_feats(ea_ptr, edges, emask, F: tl.constexpr, BLOCK_F: tl.constexpr):
+    """The raw edge features ``[BLOCK_E, BLOCK_F]`` of the CSR positions ``edges``
+    (one contiguous ``F`` row per edge, shared by every head). ``fs < F`` masks the
+    padding to ``BLOCK_F``, ``emask`` the block's tail; both load 0, so they add
+    nothing to a score or a sum."""
+    fs = tl.arange(0, BLOCK_F)
+    mask = emask[:, None] & (fs < F)[None, :]
+    return tl.load(ea_ptr + edges[:, None] * F + fs[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _load_head_feats(base_ptr, i, hs, hmask, H, F: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Row ``i`` ``[BLOCK_H, BLOCK_F]`` of an ``[N, H, F]`` tensor (``edge_query``,
+    ``grad_edge_out``); padded heads and features load 0."""
+    fs = tl.arange(0, BLOCK_F)
+    mask = hmask[:, None] & (fs < F)[None, :]
+    return tl.load(base_ptr + i * (H * F) + hs[:, None] * F + fs[None, :], mask=mask, other=0.0)

@@ -21,11 +21,23 @@ at every add and serialise on the rows of high out-degree sources. The price is
 one ``O(E log E)`` sort per graph (kept by :class:`gnnattn.AttentionGraph`)
 and recomputing each score twice (once per backward kernel), which
 FlashAttention-2 also pays.
+
+Edge features (``HAS_EA``, ``a_ij`` ``[F]`` per edge in CSR order): the
+score's ``edge_query_i . a_ij`` (``HAS_EQ``) is recomputed in both passes,
+and ``grad_edge_out_i . a_ij`` (``HAS_GE``, the gradient of ``edge_out_i =
+sum_j P_ij a_ij``) joins ``dp`` where ``dout_i . v_j`` does, before the
+dropout factor. The ``dq`` pass, which owns each edge's CSR position, writes
+``d a_ij = sum_h ds_ij^h edge_query_i^h + kept_ij^h grad_edge_out_i^h``
+(``[E, F]``, no head dimension) and sums ``d edge_query_i = sum_j ds_ij
+a_ij`` per target (split targets' partials like ``dq``). ``D_i`` then gets
+``grad_edge_out_i . edge_out_i`` too: ``sum_j alpha_ij dalpha_ij`` over the
+whole message ``dout_i . (v_j + vb_ij) + grad_edge_out_i . a_ij``.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -35,9 +47,9 @@ from torch import Tensor
 from ...graphs.csr import transpose_csr
 from ..chunks import TritonPlan, acc_tl, chunk_range
 from ..common import Dropout, acc_dtype, check_index
-from ._launch import _check_csc, _check_inputs, _check_plan, _plan_now, _scales
+from ._launch import _check_csc, _check_edge, _check_inputs, _check_plan, _plan_now, _scales
 from ._random import _dropout_args, _keep
-from ._tiles import _NO_SPECIALISE, _blocks, _load_rows, _rows
+from ._tiles import _NO_SPECIALISE, _blocks, _load_feats, _load_head_feats, _load_rows, _rows
 from .forward import _fwd
 
 __all__ = ["attention_bwd"]
@@ -50,12 +62,17 @@ def _attn_bwd_dq(
     v_ptr,
     bias_ptr,
     vb_ptr,  # [E, H, CV] value bias (unused unless HAS_VB)
+    ea_ptr,  # [E, F] raw edge features (unused unless HAS_EA)
+    eq_ptr,  # [N, H, F] edge queries (unused unless HAS_EQ)
+    ge_ptr,  # [N, H, F] gradient of edge_out (unused unless HAS_GE)
     dout_ptr,  # [N, H, CV]
     lse_ptr,
-    delta_ptr,  # [N, H]: D = sum(dout * out), computed on the host
+    delta_ptr,  # [N, H]: D = sum(dout * out) (+ sum(ge * edge_out)), computed on the host
     dq_ptr,  # [N, H, C]
     dbias_ptr,  # [E, H] (unused unless HAS_BIAS)
     dvb_ptr,  # [E, H, CV] (unused unless HAS_VB)
+    dea_ptr,  # [E, F] (unused unless HAS_EA)
+    deq_ptr,  # [N, H, F] (unused unless HAS_EQ)
     scale_ptr,
     ptr_ptr,
     col_ptr,
@@ -63,6 +80,7 @@ def _attn_bwd_dq(
     chunk_seg_ptr,
     rank_ptr,
     part_ptr,  # [S, H, C] partial dq of split chunks
+    part_eq_ptr,  # [S, H, F] partial d edge_query of split chunks (unused unless HAS_EQ)
     n_seg,
     n_slots,
     seed_lo,
@@ -75,11 +93,16 @@ def _attn_bwd_dq(
     HAS_BIAS: tl.constexpr,
     HAS_VB: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
+    F: tl.constexpr,
+    HAS_EA: tl.constexpr,
+    HAS_EQ: tl.constexpr,
+    HAS_GE: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_CV: tl.constexpr,
+    BLOCK_F: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
     c = tl.program_id(0).to(tl.int64)
@@ -106,8 +129,14 @@ def _attn_bwd_dq(
         # lse = -inf: no finite score, every weight of i is 0 (never NaN).
         live = hmask & (lse != float("-inf"))
         lse_safe = tl.where(live, lse, 0.0)  # no -inf - -inf, even where masked
+        if HAS_EQ:
+            eq = _load_head_feats(eq_ptr, i, hs, hmask, H, F, BLOCK_F).to(ACC)
+        if HAS_GE:
+            ge = _load_head_feats(ge_ptr, i, hs, hmask, H, F, BLOCK_F).to(ACC)
+        fs = tl.arange(0, BLOCK_F)
 
         dq = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+        deq = tl.zeros([BLOCK_H, BLOCK_F], ACC)  # stays 0 without HAS_EQ
         b = start
         while b < end:
             edges = b + tl.arange(0, BLOCK_E)
@@ -119,6 +148,10 @@ def _attn_bwd_dq(
             if HAS_BIAS:
                 bias = tl.load(bias_ptr + edges[:, None] * H + hs[None, :], mask=bmask, other=0.0)
                 s += bias.to(ACC)
+            if HAS_EA:
+                at = _load_feats(ea_ptr, edges, emask, F, BLOCK_F).to(ACC)  # (BLOCK_E, BLOCK_F)
+                if HAS_EQ:
+                    s += tl.sum(at[:, None, :] * eq[None, :, :], 2)
             # exp(-inf) = 0 off the edges and for dead targets (no overflow
             # there); a NaN lse gives NaN weights, as in the reference.
             valid = emask[:, None] & live[None, :]
@@ -127,6 +160,8 @@ def _attn_bwd_dq(
             if HAS_VB:
                 vt += _load_rows(vb_ptr, edges, emask, hs, hmask, CV, BLOCK_CV, H).to(ACC)
             dp = tl.sum(vt * do[None, :, :], 2)  # (BLOCK_E, BLOCK_H): dout_i . message
+            if HAS_GE:  # edge_out's gradient: grad_edge_out_i . a_ij
+                dp += tl.sum(at[:, None, :] * ge[None, :, :], 2)
             kept = alpha  # the weights the forward used
             if HAS_DROPOUT:
                 keep = _keep(edges, hs, H, seed_lo, seed_hi, drop_offset, drop_threshold)
@@ -142,14 +177,31 @@ def _attn_bwd_dq(
                 offs, vmask = _rows(edges, emask, hs, hmask, CV, BLOCK_CV, H)
                 dvb = (kept[:, :, None] * do[None, :, :]).to(dvb_ptr.dtype.element_ty)
                 tl.store(dvb_ptr + offs, dvb, mask=vmask)
+            if HAS_EA:
+                # d a_ij sums over heads: this program owns edge ij's row.
+                dea = tl.zeros([BLOCK_E, BLOCK_F], ACC)
+                if HAS_EQ:
+                    dea += tl.sum(ds[:, :, None] * eq[None, :, :], 1)
+                    deq += tl.sum(ds[:, :, None] * at[:, None, :], 0)
+                if HAS_GE:
+                    dea += tl.sum(kept[:, :, None] * ge[None, :, :], 1)
+                amask = emask[:, None] & (fs < F)[None, :]
+                dea_offs = edges[:, None] * F + fs[None, :]
+                tl.store(dea_ptr + dea_offs, dea.to(dea_ptr.dtype.element_ty), mask=amask)
             b += BLOCK_E
         hc = hs[:, None] * C + cs[None, :]
+        fmask = hmask[:, None] & (fs < F)[None, :]
+        hf = hs[:, None] * F + fs[None, :]
         if split:
             r = tl.load(rank_ptr + c)
             tl.store(part_ptr + r * (H * C) + hc, dq, mask=qmask)
+            if HAS_EQ:
+                tl.store(part_eq_ptr + r * (H * F) + hf, deq, mask=fmask)
         else:
             dq_out = (dq * scale).to(dq_ptr.dtype.element_ty)
             tl.store(dq_ptr + i * (H * C) + hc, dq_out, mask=qmask)
+            if HAS_EQ:
+                tl.store(deq_ptr + i * (H * F) + hf, deq.to(deq_ptr.dtype.element_ty), mask=fmask)
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALISE)
@@ -159,6 +211,9 @@ def _attn_bwd_dkdv(
     v_ptr,
     bias_ptr,
     vb_ptr,
+    ea_ptr,  # [E, F] in CSR order: gathered by tperm (unused unless HAS_EA)
+    eq_ptr,  # [N, H, F] gathered by target (unused unless HAS_EQ)
+    ge_ptr,  # [N, H, F] gathered by target (unused unless HAS_GE)
     dout_ptr,
     lse_ptr,
     delta_ptr,
@@ -185,11 +240,16 @@ def _attn_bwd_dkdv(
     HAS_BIAS: tl.constexpr,
     HAS_VB: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
+    F: tl.constexpr,
+    HAS_EA: tl.constexpr,
+    HAS_EQ: tl.constexpr,
+    HAS_GE: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_CV: tl.constexpr,
+    BLOCK_F: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
     c = tl.program_id(0).to(tl.int64)
@@ -222,11 +282,16 @@ def _attn_bwd_dkdv(
             s = tl.sum(qt * k[None, :, :], 2)  # (BLOCK_E, BLOCK_H)
             bmask = emask[:, None] & hmask[None, :]
             ih = i[:, None] * H + hs[None, :]
-            if HAS_BIAS or HAS_VB or HAS_DROPOUT:
+            if HAS_BIAS or HAS_VB or HAS_DROPOUT or HAS_EA:
                 e = tl.load(tperm_ptr + t, mask=emask, other=0).to(tl.int64)  # CSR positions
             if HAS_BIAS:
                 bias = tl.load(bias_ptr + e[:, None] * H + hs[None, :], mask=bmask, other=0.0)
                 s += bias.to(ACC)
+            if HAS_EA:
+                at = _load_feats(ea_ptr, e, emask, F, BLOCK_F).to(ACC)  # (BLOCK_E, BLOCK_F)
+                if HAS_EQ:  # the target's edge query, all heads: one H * F row per edge
+                    eqt = _load_rows(eq_ptr, i, emask, hs, hmask, F, BLOCK_F, H).to(ACC)
+                    s += tl.sum(eqt * at[:, None, :], 2)
             lse = tl.load(lse_ptr + ih, mask=bmask, other=float("-inf")).to(ACC)
             valid = bmask & (lse != float("-inf"))  # lse = -inf: all weights of i are 0
             alpha = tl.exp(tl.where(valid, s - tl.where(valid, lse, 0.0), float("-inf")))
@@ -236,6 +301,9 @@ def _attn_bwd_dkdv(
                 dp = tl.sum(dot * (v[None, :, :] + vbt), 2)
             else:
                 dp = tl.sum(dot * v[None, :, :], 2)
+            if HAS_GE:
+                get = _load_rows(ge_ptr, i, emask, hs, hmask, F, BLOCK_F, H).to(ACC)
+                dp += tl.sum(get * at[:, None, :], 2)
             kept = alpha
             if HAS_DROPOUT:
                 keep = _keep(e, hs, H, seed_lo, seed_hi, drop_offset, drop_threshold)
@@ -295,6 +363,15 @@ def _sum_split_rows(
             tl.store(out_ptr + seg * W + ws, total.to(out_ptr.dtype.element_ty), mask=wmask)
 
 
+class _Edge(NamedTuple):
+    """The edge-feature tensors of a backward call (any of them ``None``)."""
+
+    attr: Tensor | None = None
+    query: Tensor | None = None
+    grad_out: Tensor | None = None
+    out: Tensor | None = None  # the forward's edge_out, for D_i
+
+
 def _bwd(
     q: Tensor,
     k: Tensor,
@@ -310,69 +387,95 @@ def _bwd(
     pl_t: TritonPlan,
     tperm: Tensor,
     block_e: int | None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
-    """The backward's launches, given checked plans: no host synchronisation."""
+    edge: _Edge | None = None,
+) -> tuple[Tensor | None, ...]:
+    """The backward's launches, given checked plans: no host synchronisation.
+
+    Returns the five gradients of :func:`attention_bwd`, then ``dedge_attr``
+    and ``dedge_query`` when ``edge.attr`` is given.
+    """
     n, h, c = q.shape
     m, cv = k.shape[0], v.shape[2]
     e = pl.num_edges
     fmt = torch.contiguous_format
+    edge = edge if edge is not None else _Edge()
+    ea, eq, ge = edge.attr, edge.query, edge.grad_out
+    nf = ea.shape[1] if ea is not None else 0
     if n * h == 0 or e == 0:  # no edge, no gradient
         dq, dk, dv = (torch.zeros_like(t, memory_format=fmt) for t in (q, k, v))
         dbias = torch.zeros_like(bias, memory_format=fmt) if bias is not None else None
         dvb = torch.zeros_like(value_bias, memory_format=fmt) if value_bias is not None else None
-        return dq, dk, dv, dbias, dvb
+        if ea is None:
+            return dq, dk, dv, dbias, dvb
+        deq = torch.zeros_like(eq, memory_format=fmt) if eq is not None else None
+        return dq, dk, dv, dbias, dvb, torch.zeros_like(ea, memory_format=fmt), deq
     # Every element is written by a kernel: each target, source and edge
     # belongs to exactly one program (or to a split row summed once).
     dq, dk, dv = (torch.empty_like(t, memory_format=fmt) for t in (q, k, v))
     dbias = torch.empty_like(bias, memory_format=fmt) if bias is not None else None
     dvb = torch.empty_like(value_bias, memory_format=fmt) if value_bias is not None else None
+    dea = torch.empty_like(ea, memory_format=fmt) if ea is not None else None
+    deq = torch.empty_like(eq, memory_format=fmt) if eq is not None else None
     acc_t = acc_dtype(q.dtype)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     grad_out = grad_out.to(q.dtype).contiguous()
     lse = lse.to(acc_t).contiguous()
-    b = bias.contiguous() if bias is not None else q  # dummy pointers, never read
-    vb = value_bias.contiguous() if value_bias is not None else q
-    db = dbias if dbias is not None else q  # dummy pointers, never written
-    dvb_arg = dvb if dvb is not None else q
+    # Dummy pointers (q) for the options not given: never read or written.
+    b, vb, ea_a, eq_a, ge_a, db, dvb_a, dea_a, deq_a = (
+        t.contiguous() if t is not None else q
+        for t in (bias, value_bias, ea, eq, ge, dbias, dvb, dea, deq)
+    )
     scales = _scales(scale, dropout, acc_t, q.device)
     # D_i = sum_c dout_ic out_ic (= sum_j alpha_ij dalpha_ij, with dropout and
     # value bias too): N x H numbers, one pass over out, shared by both kernels.
-    delta = (grad_out.to(acc_t) * out.to(acc_t)).sum(-1).contiguous()  # (N, H)
+    # The edge_out gradient adds its own term: sum_f ge_if edge_out_if.
+    delta = (grad_out.to(acc_t) * out.to(acc_t)).sum(-1)  # (N, H)
+    if ge is not None and edge.out is not None:
+        delta = delta + (ge.to(acc_t) * edge.out.to(acc_t)).sum(-1)
+    delta = delta.contiguous()
     consts = dict(
         H=h, C=c, CV=cv, HAS_BIAS=bias is not None, HAS_VB=value_bias is not None,
-        HAS_DROPOUT=dropout is not None, ACC=acc_tl(q.dtype),
+        HAS_DROPOUT=dropout is not None, ACC=acc_tl(q.dtype), F=nf, HAS_EA=ea is not None,
+        HAS_EQ=eq is not None, HAS_GE=ge is not None,
     )  # fmt: skip
     drop = _dropout_args(dropout)
 
-    blk = _blocks(pl, h, c, cv, block_e)
+    blk = _blocks(pl, h, c, cv, block_e, nf)
     blocks = dict(BLOCK_E=blk.block_e, BLOCK_H=blk.block_h, BLOCK_C=blk.block_c)
-    blocks.update(BLOCK_CV=blk.block_cv, CHUNK=pl.chunk)
+    blocks.update(BLOCK_CV=blk.block_cv, BLOCK_F=blk.block_f, CHUNK=pl.chunk)
     ch = pl.chunks
     part = torch.empty((ch.split_grid, h, c), dtype=acc_t, device=q.device)
+    part_eq = part  # a dummy pointer without edge queries: never read or written
+    if eq is not None:
+        part_eq = torch.empty((ch.split_grid, h, nf), dtype=acc_t, device=q.device)
     _attn_bwd_dq[(ch.grid,)](
-        q, k, v, b, vb, grad_out, lse, delta, dq, db, dvb_arg, scales, pl.ptr, pl.col,
-        ch.chunk_ptr, ch.chunk_seg, ch.rank, part, n, ch.grid, *drop,
-        num_warps=blk.num_warps, **consts, **blocks,
+        q, k, v, b, vb, ea_a, eq_a, ge_a, grad_out, lse, delta, dq, db, dvb_a, dea_a, deq_a,
+        scales, pl.ptr, pl.col, ch.chunk_ptr, ch.chunk_seg, ch.rank, part, part_eq, n, ch.grid,
+        *drop, num_warps=blk.num_warps, **consts, **blocks,
     )  # fmt: skip
     if e > pl.chunk:
         _sum_split(pl, part, dq, scales, True, consts["ACC"])
+        if deq is not None:
+            _sum_split(pl, part_eq, deq, scales, False, consts["ACC"])
 
     if m * h > 0:
-        blk = _blocks(pl_t, h, c, cv, block_e)
+        blk = _blocks(pl_t, h, c, cv, block_e, nf)
         blocks = dict(BLOCK_E=blk.block_e, BLOCK_H=blk.block_h, BLOCK_C=blk.block_c)
-        blocks.update(BLOCK_CV=blk.block_cv, CHUNK=pl_t.chunk)
+        blocks.update(BLOCK_CV=blk.block_cv, BLOCK_F=blk.block_f, CHUNK=pl_t.chunk)
         ch = pl_t.chunks
         part_k = torch.empty((ch.split_grid, h, c), dtype=acc_t, device=q.device)
         part_v = torch.empty((ch.split_grid, h, cv), dtype=acc_t, device=q.device)
         _attn_bwd_dkdv[(ch.grid,)](
-            q, k, v, b, vb, grad_out, lse, delta, dk, dv, scales, pl_t.ptr, pl_t.col, tperm,
-            ch.chunk_ptr, ch.chunk_seg, ch.rank, part_k, part_v, m, ch.grid, *drop,
-            num_warps=blk.num_warps, **consts, **blocks,
+            q, k, v, b, vb, ea_a, eq_a, ge_a, grad_out, lse, delta, dk, dv, scales, pl_t.ptr,
+            pl_t.col, tperm, ch.chunk_ptr, ch.chunk_seg, ch.rank, part_k, part_v, m, ch.grid,
+            *drop, num_warps=blk.num_warps, **consts, **blocks,
         )  # fmt: skip
         if e > pl_t.chunk:
             _sum_split(pl_t, part_k, dk, scales, True, consts["ACC"])
             _sum_split(pl_t, part_v, dv, scales, False, consts["ACC"])
-    return dq, dk, dv, dbias, dvb
+    if ea is None:
+        return dq, dk, dv, dbias, dvb
+    return dq, dk, dv, dbias, dvb, dea, deq
 
 
 def _sum_split(
@@ -403,10 +506,15 @@ def attention_bwd(
     csc: tuple[Tensor, Tensor, Tensor] | None = None,
     plan: TritonPlan | None = None,
     csc_plan: TritonPlan | None = None,
+    edge_attr: Tensor | None = None,
+    edge_query: Tensor | None = None,
+    grad_edge_out: Tensor | None = None,
     block_e: int | None = None,
     split_blocks: int | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
-    """Gradients of :func:`.attention_fwd` w.r.t. ``q``, ``k``, ``v``, ``bias``, ``value_bias``.
+    edge_out: Tensor | None = None,
+) -> tuple[Tensor | None, ...]:
+    """Gradients of :func:`.attention_fwd` w.r.t. ``q``, ``k``, ``v``, ``bias``, ``value_bias``
+    (and ``edge_attr``, ``edge_query``).
 
     Args:
         q: ``[N, H, C]``, as in the forward.
@@ -429,17 +537,27 @@ def attention_bwd(
             :func:`.attention_fwd`.
         csc_plan: :func:`~gnnattn.kernels.chunks.plan` of ``(tptr, trow, N)``. With
             both plans the call never synchronises with the device.
+        edge_attr: the forward's ``[E, F]`` edge features, or ``None``.
+        edge_query: the forward's ``[N, H, F]`` edge queries, or ``None``.
+        grad_edge_out: ``[N, H, F]`` the gradient of the forward's
+            ``edge_out`` (``None``: zero).
         block_e: as in :func:`.attention_fwd`.
         split_blocks: as in :func:`.attention_fwd` (targets in the ``dq``
             pass, sources in the ``dk``/``dv`` pass); not with plans.
+        edge_out: the forward's ``edge_out`` (used with ``grad_edge_out``:
+            ``D_i`` needs ``grad_edge_out_i . edge_out_i``); recomputed with
+            ``out`` (one more forward) when ``grad_edge_out`` is given without it.
 
     Returns:
         ``dq``, ``dk``, ``dv`` (typed like ``q``, ``k``, ``v``), ``dbias``
         ``[E, H]`` (typed like ``bias``; ``None`` without a bias) and
         ``dvalue_bias`` ``[E, H, Cv]`` (typed like ``value_bias``; ``None``
-        without one).
+        without one); with ``edge_attr`` also ``dedge_attr`` ``[E, F]``
+        (typed like ``edge_attr``) and ``dedge_query`` ``[N, H, F]`` (typed
+        like ``edge_query``; ``None`` without one).
     """
     _check_inputs(q, k, v, ptr, col, bias, value_bias, dropout)
+    _check_edge(q, col.numel(), edge_attr, edge_query, grad_edge_out, edge_out)
     n, h, c = q.shape
     m, cv = k.shape[0], v.shape[2]
     e = col.numel()
@@ -467,9 +585,13 @@ def attention_bwd(
         if csc is None:
             raise ValueError("Expected 'csc' with 'csc_plan' (its perm, the CSR positions)")
         tperm = _check_csc(csc, m, e, q.device)[2]
-    if out is None:
-        out, _ = _fwd(q, k, v, scale, bias, value_bias, dropout, plan, block_e)
+    if out is None or (grad_edge_out is not None and edge_out is None):
+        # D_i needs the outputs the caller did not keep: one more forward.
+        fwd = _fwd(q, k, v, scale, bias, value_bias, dropout, plan, block_e, edge_attr, edge_query)
+        out = fwd[0] if out is None else out
+        edge_out = fwd[2] if edge_out is None else edge_out
+    edge = _Edge(edge_attr, edge_query, grad_edge_out, edge_out)
     return _bwd(
         q, k, v, out, lse, grad_out, scale, bias, value_bias, dropout, plan, csc_plan, tperm,
-        block_e,
+        block_e, edge,
     )  # fmt: skip
