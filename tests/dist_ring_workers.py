@@ -48,7 +48,9 @@ def _one(case: dict[str, Any], group: Any) -> dict[str, Any]:
     part = SequencePart(case["T"], causal=case["causal"], layout=case["layout"], group=group)
     local = [part.shard(t).requires_grad_() for t in (q, k, v)]
     if case.get("wrong_layout"):  # the shard of one layout, computed as another's
-        r_out, r_lse = ring_attention(*local, causal=True, layout="contiguous", group=group, return_lse=True)
+        r_out, r_lse = ring_attention(
+            *local, causal=True, layout="contiguous", group=group, return_lse=True
+        )
     else:
         res = part.attention(*local, return_lse=True)
         assert res.backend == "ring" and res.weights is None
@@ -63,7 +65,9 @@ def _one(case: dict[str, Any], group: Any) -> dict[str, Any]:
         "rows": len(part.tokens),
         "err": {n: _max_err(g, part.shard(r)) for n, g, r in zip(names, gots, refs, strict=True)},
         # Non-trivial: what the ring returned is as large as the reference says.
-        "size": {n: float(g.abs().max()) if g.numel() else 0.0 for n, g in zip(names, gots, strict=True)},
+        "size": {
+            n: float(g.abs().max()) if g.numel() else 0.0 for n, g in zip(names, gots, strict=True)
+        },
     }
 
 
@@ -110,7 +114,9 @@ def errors() -> dict[str, str]:
         "shard": lambda: part.shard(torch.randn(6, 2)),
         # One rank with a row too many: every rank raises (the sizes are
         # gathered first), so none waits for a block that never comes.
-        "sizes": lambda: ring_attention(*([torch.randn(3 + (rank == dist.get_world_size() - 1), 2, 4)] * 3)),
+        "sizes": lambda: ring_attention(
+            *([torch.randn(3 + (rank == dist.get_world_size() - 1), 2, 4)] * 3)
+        ),
         "heads": lambda: ring_attention(*([torch.randn(3, 1 + (rank == 0), 4)] * 3)),
     }
     msgs = {name: _message(fn) for name, fn in bad.items()}
@@ -134,7 +140,9 @@ def nonfinite(T: int, layout: str) -> dict[str, Any]:
     ids = part.tokens
     nan_rows = (ids >= j0) | (ids == i0)
     return {
-        "nan_where_expected": bool(out[nan_rows.nonzero().squeeze(1)].isnan().flatten(1).any(1).all()),
+        "nan_where_expected": bool(
+            out[nan_rows.nonzero().squeeze(1)].isnan().flatten(1).any(1).all()
+        ),
         "err_elsewhere": _max_err(out[~nan_rows], clean[ids][~nan_rows]),
         "dq_finite_before": bool(ql.grad[(ids < min(i0, j0))].isfinite().all()),
     }
@@ -153,3 +161,12 @@ def timing(T: int, H: int, C: int, causal: bool, layout: str, repeat: int) -> di
         dist.barrier()
         best = min(best, time.perf_counter() - t0)
     return {"seconds": best}
+
+
+def suite(cases: list[dict[str, Any]], sizes: list[int], nonfinite_T: int) -> dict[str, Any]:
+    """Everything ``test_ring.py`` checks, in one launch (starting ranks is the slow part)."""
+    return {
+        "check": check(cases, sizes),
+        "errors": errors(),
+        "nonfinite": {lay: nonfinite(nonfinite_T, lay) for lay in ("contiguous", "zigzag")},
+    }
