@@ -16,11 +16,10 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import run_ranks
 
 from gnnattn.distributed import SequencePart, ring_attention, sequence_shard
 from gnnattn.distributed.ring import LAYOUTS
-
-from ranks import run_ranks
 
 WORLD = 4
 SIZES = [1, 2, 3, 4]
