@@ -147,18 +147,20 @@ def nonfinite(T: int, layout: str) -> dict[str, Any]:
 
 
 def timing(T: int, H: int, C: int, causal: bool, layout: str, repeat: int) -> dict[str, float]:
-    """Seconds of one forward + backward of the ring (best of ``repeat``), float32."""
+    """Wall and CPU seconds of this rank's forward + backward of the ring, float32
+    (best of ``repeat``; not a test: ``README.md``'s figure)."""
     part = SequencePart(T, causal=causal, layout=layout)
     g = torch.Generator().manual_seed(0)
     x = [part.shard(torch.randn(T, H, C, generator=g)).requires_grad_() for _ in range(3)]
-    best = math.inf
+    wall = cpu = math.inf
     for _ in range(repeat):
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         part.attention(*x).sum().backward()
+        c1 = time.process_time()
         dist.barrier()
-        best = min(best, time.perf_counter() - t0)
-    return {"seconds": best}
+        wall, cpu = min(wall, time.perf_counter() - t0), min(cpu, c1 - c0)
+    return {"seconds": wall, "cpu": cpu}
 
 
 def suite(cases: list[dict[str, Any]], sizes: list[int], nonfinite_T: int) -> dict[str, Any]:
