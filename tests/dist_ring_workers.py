@@ -146,6 +146,24 @@ def nonfinite(T: int, layout: str) -> dict[str, Any]:
     }
 
 
+def dtypes() -> dict[str, Any]:
+    """float32 / float16 / bfloat16 on the ring (reduced in float32): dtypes kept, errors."""
+    q, k, v, go, _ = _inputs({"seed": 3, "T": 37, "H": 2, "C": 8, "Cv": 4})
+    ref, _ = dense(q, k, v, True)
+    part = SequencePart(37, causal=True, layout="zigzag")
+    res = {}
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        x = [part.shard(t).to(dt).requires_grad_() for t in (q, k, v)]
+        out = part.attention(*x, return_lse=True)
+        (out.out.double() * part.shard(go)).sum().backward()
+        res[str(dt)] = {
+            "dtypes": [str(t.dtype) for t in (out.out, out.lse, *(t.grad for t in x))],
+            "err": _max_err(out.out.double(), part.shard(ref)),
+            "grads_finite": all(bool(t.grad.isfinite().all()) for t in x),
+        }
+    return res
+
+
 def timing(T: int, H: int, C: int, causal: bool, layout: str, repeat: int) -> dict[str, float]:
     """Wall and CPU seconds of this rank's forward + backward of the ring, float32
     (best of ``repeat``; not a test: ``README.md``'s figure)."""
@@ -168,5 +186,6 @@ def suite(cases: list[dict[str, Any]], sizes: list[int], nonfinite_T: int) -> di
     return {
         "check": check(cases, sizes),
         "errors": errors(),
+        "dtypes": dtypes(),
         "nonfinite": {lay: nonfinite(nonfinite_T, lay) for lay in ("contiguous", "zigzag")},
     }

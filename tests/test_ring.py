@@ -103,6 +103,17 @@ def test_nonfinite_contract(launched: dict[str, Any], layout: str) -> None:
         assert res["dq_finite_before"], res
 
 
+@pytest.mark.parametrize(
+    "dtype,tol", [("torch.float32", 1e-5), ("torch.float16", 2e-3), ("torch.bfloat16", 2e-2)]
+)
+def test_low_precision_keeps_dtypes(launched: dict[str, Any], dtype: str, tol: float) -> None:
+    for rank in launched["ranks"]:
+        res = rank["dtypes"][dtype]
+        # out and the gradients in the inputs' dtype, lse in float32 (the reductions').
+        assert res["dtypes"] == [dtype, "torch.float32", dtype, dtype, dtype], res
+        assert res["err"] < tol and res["grads_finite"], res
+
+
 # In-process: no process group needed.
 
 

@@ -337,6 +337,7 @@ class _RingAttention(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, dout: Tensor, dlse: Tensor | None):  # type: ignore[override]
         dq, dk, dv = _ring_backward(ctx.saved_tensors, dout, dlse, ctx.ring)
         return dq, dk, dv, None
