@@ -22,7 +22,7 @@ owner. Memory is :math:`O(T_\text{local} \cdot T_\text{block})` per rank.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,9 @@ from torch import Tensor
 from ..checks import check_choice, check_float, check_int, check_tensor
 from ..kernels.common import acc_dtype
 from ..ops import AttentionOutput
+
+if TYPE_CHECKING:  # a torch built without distributed support still imports gnnattn
+    from torch.distributed import ProcessGroup
 
 __all__ = ["SequencePart", "ring_attention", "sequence_shard"]
 
@@ -110,7 +113,7 @@ def sequence_shard(
 class _Ring(NamedTuple):
     """What one call needs to know about the ring (built per call, kept by autograd)."""
 
-    group: Any  # the ProcessGroup, or None for the default one
+    group: ProcessGroup | None  # None: the default group
     rank: int
     world: int
     nxt: int  # global rank blocks are sent to
@@ -120,12 +123,14 @@ class _Ring(NamedTuple):
     scale: float
 
 
-def _peer(group: Any, group_rank: int) -> int:
+def _peer(group: ProcessGroup | None, group_rank: int) -> int:
     # Point-to-point calls name peers by their global rank, even inside a group.
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
-def _make_ring(q: Tensor, v: Tensor, causal: bool, scale: float, layout: str, group: Any) -> _Ring:
+def _make_ring(
+    q: Tensor, v: Tensor, causal: bool, scale: float, layout: str, group: ProcessGroup | None
+) -> _Ring:
     """Check, with one all-gather, that every rank holds its shard with the same
     heads, widths and dtype (so that no rank waits for a message of the wrong size)."""
     if not (dist.is_available() and dist.is_initialized()):
@@ -370,7 +375,7 @@ def ring_attention(
     causal: bool = False,
     scale: float | None = None,
     layout: str = "contiguous",
-    group: Any = None,
+    group: ProcessGroup | None = None,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""Attention over a whole sequence whose tokens are spread over the ranks of ``group``.
@@ -472,7 +477,7 @@ class SequencePart:
         *,
         causal: bool = False,
         layout: str = "contiguous",
-        group: Any = None,
+        group: ProcessGroup | None = None,
     ) -> None:
         check_int(num_tokens, "num_tokens")
         if not isinstance(causal, bool):
