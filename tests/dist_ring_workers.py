@@ -116,6 +116,7 @@ def errors() -> dict[str, str]:
         # gathered first), so none waits for a block that never comes.
         "sizes": lambda: ring_attention(*([torch.randn(3 + (rank == last), 2, 4)] * 3)),
         "heads": lambda: ring_attention(*[torch.randn(3, 1 + (rank == 0), 4)] * 3),
+        "mask": lambda: ring_attention(*[torch.randn(3, 2, 4)] * 3, causal=rank == 0),
     }
     msgs = {name: _message(fn) for name, fn in bad.items()}
     msgs["default_shard"] = str(sequence_shard(7).tolist() == part.tokens.tolist())

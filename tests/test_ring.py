@@ -91,6 +91,7 @@ def test_unsupported_options_raise_on_every_rank(launched: dict[str, Any]) -> No
         assert msgs["shard"].startswith("ValueError") and "[7, ...]" in msgs["shard"]
         assert "sequence_shard(T=13" in msgs["sizes"] and "[4, 3, 3, 3]" in msgs["sizes"]
         assert "same heads" in msgs["heads"]
+        assert "'causal' and 'layout'" in msgs["mask"] and "[3, 2, 4, 4, 2, 1, 0]" in msgs["mask"]
         assert msgs["default_shard"] == "True"
 
 

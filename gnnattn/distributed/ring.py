@@ -132,7 +132,8 @@ def _make_ring(
     q: Tensor, v: Tensor, causal: bool, scale: float, layout: str, group: ProcessGroup | None
 ) -> _Ring:
     """Check, with one all-gather, that every rank holds its shard with the same
-    heads, widths and dtype (so that no rank waits for a message of the wrong size)."""
+    heads, widths, dtype, mask and layout (so that no rank waits for a message of
+    the wrong size, and no rank computes another sequence than the others)."""
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
             "ring_attention needs torch.distributed initialised (dist.init_process_group), "
@@ -142,14 +143,15 @@ def _make_ring(
     if rank < 0:
         raise ValueError("Expected this process to be a member of 'group', got a group without it")
     n, h, c = q.shape
-    meta = torch.tensor([n, h, c, v.shape[2], _DTYPES.index(q.dtype)], device=q.device)
-    metas = [torch.empty_like(meta) for _ in range(world)]
-    dist.all_gather(metas, meta, group=group)
-    table = torch.stack(metas).tolist()  # [P, 5]: rows, H, C, Cv, dtype of every rank
+    meta = [n, h, c, v.shape[2], _DTYPES.index(q.dtype), int(causal), LAYOUTS.index(layout)]
+    metas = [torch.tensor(meta, device=q.device) for _ in range(world)]
+    dist.all_gather(metas, metas[rank].clone(), group=group)
+    table = torch.stack(metas).tolist()  # [P, 7]: what every rank called with
     if any(row[1:] != table[rank][1:] for row in table):
         raise ValueError(
-            f"Expected 'q', 'k', 'v' with the same heads, widths and dtype on every rank, got "
-            f"[rows, H, C, Cv, dtype index] = {table}"
+            f"Expected 'q', 'k', 'v' with the same heads, widths and dtype, and the same "
+            f"'causal' and 'layout', on every rank, got [rows, H, C, Cv, dtype index, causal, "
+            f"layout index] = {table}"
         )
     sizes = [row[0] for row in table]
     ids = tuple(
