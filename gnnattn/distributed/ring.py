@@ -532,9 +532,11 @@ class SequencePart:
     ) -> Tensor | AttentionOutput:
         """:func:`gnnattn.attention`'s signature on this rank's rows (backend ``"ring"``).
 
-        Every rank of the group calls it together. The per-edge options
-        (``score_bias``, ``value_bias``, ``edge_attr``, ``edge_key``,
-        ``edge_value``), dropout and ``need_weights`` raise a ``ValueError``.
+        Every rank of the group calls it together (and the backward pass).
+        The per-edge options (``score_bias``, ``value_bias``, ``edge_attr``,
+        ``edge_key``, ``edge_value``), dropout and ``need_weights`` raise a
+        ``ValueError``; ``backend`` is ``"auto"`` or ``"ring"`` (the blocks are
+        dense matmuls whatever the backend, so naming another one is an error).
 
         Returns:
             ``out`` ``[T_local, H, Cv]``, or ``AttentionOutput(out, lse, None, "ring")``
