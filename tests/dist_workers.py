@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import gnnattn
 from gnnattn import AttentionGraph, GraphTransformer, TransformerConv
-from gnnattn.distributed import Partition, all_reduce_gradients, partition
+from gnnattn.distributed import Partition, SequencePart, all_reduce_gradients, partition
 
 
 def _graph(case: dict[str, Any], g: torch.Generator) -> tuple[torch.Tensor, int, int]:
@@ -83,7 +83,7 @@ def check(cases: list[dict[str, Any]], worlds: list[int]) -> dict[int, list[dict
     for world in worlds:
         group = dist.new_group(list(range(world)))  # collective: every rank makes it
         if dist.get_rank() < world:
-            out[world] = _check(cases, group)
+            out[world] = _check(cases, group) + [_sequence(group)]
         dist.barrier()
     return out
 
@@ -181,4 +181,34 @@ def traffic(n: int, heads: int, channels: int) -> dict[str, Any]:
         "sent_rows": part.send_index.numel(),
         "halo_rows": part.halo.numel(),
         "row_bytes": row,
+    }
+
+
+def _sequence(group: Any) -> dict[str, float]:
+    """A causal GraphTransformer on a SequencePart (ring, zigzag) against the whole sequence."""
+    t = 23
+    torch.manual_seed(2)
+    model = GraphTransformer(2, 12, 3, ffn_dim=16, causal=True).double()
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(t, 12, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(t, 12, generator=g, dtype=torch.float64)
+    (model(x) * w).sum().backward()
+    ref_x, ref_p = x.grad.clone(), [p.grad.clone() for p in model.parameters()]
+    x.grad = None
+    model.zero_grad(set_to_none=True)
+    part = SequencePart(t, causal=True, layout="zigzag", group=group)
+    out = model(part.shard(x), part)
+    (out * part.shard(w)).sum().backward()
+    all_reduce_gradients(model, group)
+    with torch.no_grad():
+        ref = model(x)
+    params = zip(model.parameters(), ref_p, strict=True)
+    own = part.tokens
+    return {
+        "out": _diff(out, ref[own]),
+        "params": max(_diff(p.grad, r) for p, r in params),
+        "x_src": _diff(x.grad[own], ref_x[own]),
+        "scale": ref.abs().max().item(),
+        "targets": own.numel(),
+        "halo": 1,
     }

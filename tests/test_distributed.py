@@ -42,6 +42,11 @@ def launched() -> list[dict[int, list[dict[str, float]]]]:
 @pytest.mark.parametrize("world", WORLDS)
 def test_parts_equal_one_process(launched, world: int) -> None:
     results = [r[world] for r in launched[:world]]
+    # The last result: a causal GraphTransformer on a SequencePart (ring attention).
+    seq = [r[-1] for r in results]
+    assert sum(r["targets"] for r in seq) == 23
+    for r in seq:
+        assert r["scale"] > 0.1 and max(r["out"], r["params"], r["x_src"]) < TOL, (world, r)
     for c, case in enumerate(CASES):
         per_rank = [r[c] for r in results]
         assert sum(r["targets"] for r in per_rank) == case["n"], case

@@ -513,6 +513,27 @@ class SequencePart:
             )
         return x[self.tokens.to(x.device)]
 
+    @property
+    def num_edges(self) -> int:
+        """Edges of the whole sequence's graph (never built): T^2, or T(T+1)/2 causal."""
+        t = self.num_tokens
+        return t * (t + 1) // 2 if self.causal else t * t
+
+    @property
+    def edge_index(self) -> Tensor:
+        """Not available: the graph of a ring is never built."""
+        raise ValueError(
+            "Expected a graph with edges for attention weights, got a SequencePart (its "
+            "complete or causal graph is never built)"
+        )
+
+    def select_edges(self, edge_attr: Tensor, name: str = "edge_attr") -> Tensor:
+        """Refuses per-edge features: the graph of a ring is never built (the layers' hook)."""
+        raise ValueError(
+            f"Expected no '{name}' with a SequencePart: per-edge tensors do not exist on a "
+            f"complete or causal graph that is never built"
+        )
+
     def attention(
         self,
         q: Tensor,

@@ -9,6 +9,7 @@ from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
 from ..checks import check_float, check_int, check_x
+from ..distributed import SequencePart
 from ..graphs import AttentionGraph
 from ..ops import AttentionOutput, BackendChoice, backend_for, check_backend
 from .parts import AnyGraph, PartLike, attend, graph_or_part
@@ -249,6 +250,8 @@ class SelfAttentionConv(MessagePassing):
             'fused'
         """
         graph, _, x_dst, edge_attr = self._inputs(x, edge_index, edge_attr, batch)
+        if isinstance(graph, SequencePart):
+            return BackendChoice("ring", "a SequencePart: blocks passed around the ranks' ring")
         q = x_dst.new_empty(0, self.num_heads, self.head_dim)
         return backend_for(
             q,

@@ -1,8 +1,10 @@
 """Layers on one rank's part of a distributed graph: the graph argument may be a part.
 
-A part (:class:`gnnattn.distributed.GraphPart`) stands where a layer takes
-``edge_index``: the layer projects its own rows and calls the part's
-``attention`` (which exchanges the halo) instead of :func:`gnnattn.attention`.
+A part (:class:`gnnattn.distributed.GraphPart`, or
+:class:`~gnnattn.distributed.SequencePart` for ring attention over a complete
+or causal sequence) stands where a layer takes ``edge_index``: the layer
+projects its own rows and calls the part's ``attention`` (which exchanges
+what other ranks hold) instead of :func:`gnnattn.attention`.
 """
 
 from __future__ import annotations
@@ -11,16 +13,18 @@ from typing import Any
 
 from torch import Tensor
 
-from ..distributed import GraphPart
+from ..distributed import GraphPart, SequencePart
 from ..graphs import AttentionGraph, GraphLike, as_graph
 from ..ops import AttentionOutput, attention
 
-__all__ = ["AnyGraph", "PartLike", "attend", "graph_or_part"]
+__all__ = ["AnyGraph", "Part", "PartLike", "attend", "graph_or_part"]
 
+#: One rank's part of a graph (partitioned by target) or of a sequence (ring).
+Part = GraphPart | SequencePart
 #: A whole graph, or one rank's part of one.
-AnyGraph = AttentionGraph | GraphPart
+AnyGraph = AttentionGraph | Part
 #: What layers accept as their graph argument.
-PartLike = GraphLike | GraphPart
+PartLike = GraphLike | Part
 
 
 def graph_or_part(
@@ -35,7 +39,7 @@ def graph_or_part(
 ) -> AnyGraph:
     """:func:`~gnnattn.graphs.as_graph`, or the part itself (its rows are checked by its
     ``attention``)."""
-    if not isinstance(edge_index, GraphPart):
+    if not isinstance(edge_index, (GraphPart, SequencePart)):
         return as_graph(
             edge_index,
             num_src=num_src,
@@ -54,10 +58,11 @@ def graph_or_part(
             "Expected a part of a causal graph for a causal layer (partition(..., "
             "causal=True) prunes the edges once, globally), got a part of a non-causal one"
         )
-    if bipartite != edge_index.is_bipartite:
+    part_bipartite = isinstance(edge_index, GraphPart) and edge_index.is_bipartite
+    if bipartite != part_bipartite:
         raise ValueError(
-            f"Expected {'a pair (x_src, x_dst)' if edge_index.is_bipartite else 'one x'} for "
-            f"a part of a {'bipartite' if edge_index.is_bipartite else 'square'} graph, got "
+            f"Expected {'a pair (x_src, x_dst)' if part_bipartite else 'one x'} for "
+            f"a part of a {'bipartite' if part_bipartite else 'square'} graph, got "
             f"{'a pair' if bipartite else 'one x'}"
         )
     return edge_index
@@ -67,6 +72,6 @@ def attend(
     q: Tensor, k: Tensor, v: Tensor, graph: AnyGraph, **options: Any
 ) -> Tensor | AttentionOutput:
     """:func:`gnnattn.attention` over a graph, or the part's exchange-and-attend."""
-    if isinstance(graph, GraphPart):
+    if isinstance(graph, (GraphPart, SequencePart)):
         return graph.attention(q, k, v, **options)
     return attention(q, k, v, graph, **options)
