@@ -37,8 +37,9 @@ TIMEOUT_S = 400  # all launches together; one quick launch takes 20-60 s on 2 bu
 # most 2.4e-7 over 20 steps (1 or 2 ulps of a loss between 1 and 2.3; 0 on half the
 # steps). 1e-4 leaves room for such differences to grow over the steps (AdamW divides
 # by the gradients' running size, which can amplify them where a gradient is near 0),
-# while a wrong gradient (a missing halo row, a rank's share counted twice) moves the
-# loss by 1e-2 or more from the first update on.
+# still 400 ulps below what a wrong gradient does (a missing halo row changes the
+# attention of every boundary target; a rank's share counted twice doubles half the
+# gradient), which shows from the second step on.
 TOL = 1e-4
 
 
