@@ -35,11 +35,11 @@ TIMEOUT_S = 400  # all launches together; one quick launch takes 20-60 s on 2 bu
 # all-reduce): the gradients differ by a few float32 ulps, and so the parameters after
 # each AdamW step. Not bitwise, then. Measured on the quick run: the losses differ by at
 # most 2.4e-7 over 20 steps (1 or 2 ulps of a loss between 1 and 2.3; 0 on half the
-# steps). 1e-4 leaves room for such differences to grow over the steps (AdamW divides
-# by the gradients' running size, which can amplify them where a gradient is near 0),
-# still 400 ulps below what a wrong gradient does (a missing halo row changes the
-# attention of every boundary target; a rank's share counted twice doubles half the
-# gradient), which shows from the second step on.
+# steps). 1e-4, some 400 times that, leaves room for it to grow over the steps (AdamW
+# divides by the gradients' running size, which can amplify it where a gradient is near
+# 0); a wrong gradient (a missing halo row, a rank's share counted twice) would be far
+# larger (not measured here: tests/test_distributed.py checks the gradients themselves,
+# in float64, to 1e-10).
 TOL = 1e-4
 
 
