@@ -31,7 +31,7 @@ STEPS = ["--quick", "--steps", "12", "--ckpt-every", "4"]
 FAULT = 6
 # All launches together. They took 200 s on 2 cores shared with other work (load 12): most
 # of it each rank's imports (gnnattn imports torch_geometric, which imports torch._dynamo:
-# ~7 CPU seconds a process; 11 ranks and 6 torchrun agents, 155 CPU seconds in all).
+# ~7 CPU seconds a process; 10 rank processes and 5 torchrun agents, 155 CPU seconds in all).
 TIMEOUT_S = 600
 # P = 2 and P = 1 compute every target's attention alike, but sum the loss and the
 # parameter gradients in another order (two partial sums over the ranks' targets, then an
