@@ -1,8 +1,8 @@
 """What the training examples share: their command line, the settings of a run, checkpoints
 (written atomically, resumed exactly, refused when they differ) and a test hook.
 
-``tiny_gpt.py`` and ``ddp_train.py`` import it (a script's own directory is on
-``sys.path``, so ``import common`` finds this file); it is not a script.
+``tiny_gpt.py``, ``ddp_train.py`` and ``distributed_graph.py`` import it (a script's own
+directory is on ``sys.path``, so ``import common`` finds this file); it is not a script.
 
 A checkpoint is one file (``torch.save`` of a dict of tensors, numbers and
 strings, so ``torch.load(..., weights_only=True)`` reads it) holding everything
@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import os
 import pickle
 import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 # Bumped when the layout of the dict changes, so an old file is refused by name
 # instead of failing on a missing key.
@@ -364,6 +367,86 @@ def set_rng_state(state: dict[str, Any], *generators: torch.Generator) -> None:
         )
     for g, s in zip(generators, state["data"], strict=True):
         g.set_state(s)
+
+
+# ---------------------------------------------------------------- torchrun
+
+
+def init_distributed(backend: str, timeout: timedelta, name: str) -> None:
+    """``dist.init_process_group`` that also works after torchrun restarted the group.
+
+    By default torchrun's agent hosts the store the ranks meet in, and keeps it across
+    restarts (``TORCHELASTIC_USE_AGENT_STORE=True``). The keys through which the ranks
+    of the first attempt exchanged their addresses are still there when the group
+    restarts, so a restarted rank may read a dead peer's address and fail to connect
+    (pytorch/pytorch#135712; here 3 restarts in 4 failed). Each attempt therefore meets
+    under a prefix of its own (``name``, the script's, and
+    ``TORCHELASTIC_RESTART_COUNT``, the same for all ranks of one torchrun agent; on
+    several machines it may differ between agents, hence the README's
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, which gives each attempt a new store and
+    takes the plain path below).
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore(f"{name}/attempt_{attempt}", store),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timeout,
+    )
+
+
+def resume_on_every_rank(
+    path: Path | None, fields: Mapping[str, Field], config: dict, model: torch.nn.Module
+) -> dict | None:
+    """The checkpoint to continue from on every rank (its weights loaded into ``model``),
+    or None (no --resume, or no file).
+
+    Rank 0 reads the file and broadcasts what it found (the checkpoint, nothing, or the
+    error), so only rank 0 needs to see it and every rank decides alike: a bad file
+    raises the same ValueError everywhere instead of leaving the others waiting (each
+    rank then leaves the group cleanly).
+    """
+    if path is None:
+        return None
+    rank = dist.get_rank()
+    found: list = [None]
+    if rank == 0:
+        try:
+            found[0] = read_checkpoint(path, fields)
+        except ValueError as e:
+            found[0] = str(e)
+        if found[0] is None:
+            print(f"no checkpoint at {path}: starting fresh", flush=True)
+    dist.broadcast_object_list(found, src=0)
+    ckpt = found[0]
+    try:
+        if isinstance(ckpt, str):
+            raise ValueError(ckpt)
+        if ckpt is not None:
+            check_config(ckpt, config, path)
+            load_model_state(model, ckpt["model"], path)
+    except ValueError:
+        dist.destroy_process_group()
+        raise
+    if ckpt is not None and rank == 0:
+        print(f"resumed from {path} at step {ckpt['step']}", flush=True)
+    return ckpt
+
+
+def param_digest(model: torch.nn.Module) -> str:
+    """A short hash of every parameter and buffer, bit for bit (equal replicas, equal runs)."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 # ---------------------------------------------------------------- test hook

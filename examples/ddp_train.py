@@ -35,24 +35,22 @@ a ring all-reduce over 3 or more ranks sums in an order that depends on them.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from common import (  # examples/common.py, next to this file
     NUMBER_FIELD,
     RNG_PER_RANK_FIELD,
-    check_config,
     fail_once,
-    load_model_state,
+    init_distributed,
+    param_digest,
     parse_training_args,
-    read_checkpoint,
+    resume_on_every_rank,
     rng_state,
     run_config,
     save_checkpoint,
@@ -66,14 +64,6 @@ from tqdm import tqdm
 CKPT_NAME = "ddp_ckpt.pt"  # in --out; always the latest (replaced atomically by rank 0)
 #: This script's checkpoint fields, beyond those of every checkpoint (``common.COMMON_FIELDS``).
 CKPT_FIELDS = {"rng": RNG_PER_RANK_FIELD, "loss_start": NUMBER_FIELD}
-
-
-def param_digest(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for name, p in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def save(args, step: int, model: torch.nn.Module, opt, gen: torch.Generator, extra: dict) -> None:
@@ -146,71 +136,6 @@ def train(
     return time.perf_counter() - t0
 
 
-def init_distributed(backend: str, timeout: timedelta) -> None:
-    """``dist.init_process_group`` that also works after torchrun restarted the group.
-
-    By default torchrun's agent hosts the store the ranks meet in, and keeps it across
-    restarts (``TORCHELASTIC_USE_AGENT_STORE=True``). The keys through which the ranks
-    of the first attempt exchanged their addresses are still there when the group
-    restarts, so a restarted rank may read a dead peer's address and fail to connect
-    (pytorch/pytorch#135712; here 3 restarts in 4 failed). Each attempt therefore meets
-    under a prefix of its own: ``TORCHELASTIC_RESTART_COUNT``, the same for all ranks of
-    one torchrun agent (on several machines it may differ between agents, hence the
-    README's ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, which gives each attempt a new
-    store and takes the plain path below).
-    """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        dist.init_process_group(backend, timeout=timeout)
-        return
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
-    )
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group(
-        backend,
-        store=dist.PrefixStore(f"ddp_train/attempt_{attempt}", store),
-        rank=int(os.environ["RANK"]),
-        world_size=int(os.environ["WORLD_SIZE"]),
-        timeout=timeout,
-    )
-
-
-def resume(path: Path | None, config: dict, model: torch.nn.Module) -> dict | None:
-    """The checkpoint to continue from on every rank (its weights loaded into ``model``),
-    or None (no --resume, or no file).
-
-    Rank 0 reads the file and broadcasts what it found (the checkpoint, nothing, or the
-    error), so only rank 0 needs to see it and every rank decides alike: a bad file
-    raises the same ValueError everywhere instead of leaving the others waiting (each
-    rank then leaves the group cleanly).
-    """
-    if path is None:
-        return None
-    rank = dist.get_rank()
-    found: list = [None]
-    if rank == 0:
-        try:
-            found[0] = read_checkpoint(path, CKPT_FIELDS)
-        except ValueError as e:
-            found[0] = str(e)
-        if found[0] is None:
-            print(f"no checkpoint at {path}: starting fresh", flush=True)
-    dist.broadcast_object_list(found, src=0)
-    ckpt = found[0]
-    try:
-        if isinstance(ckpt, str):
-            raise ValueError(ckpt)
-        if ckpt is not None:
-            check_config(ckpt, config, path)
-            load_model_state(model, ckpt["model"], path)
-    except ValueError:
-        dist.destroy_process_group()
-        raise
-    if ckpt is not None and rank == 0:
-        print(f"resumed from {path} at step {ckpt['step']}", flush=True)
-    return ckpt
-
-
 def report(model: torch.nn.Module, val_data: torch.Tensor, args, loss_start: float, seconds: float):
     """Every rank's parameter digest to rank 0, which evaluates and prints ``RESULT``."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -259,7 +184,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     use_cuda = torch.cuda.is_available()
     # Every collective (and the rendezvous) fails with an error after --timeout instead
     # of waiting the default 10-30 minutes for a rank that died.
-    init_distributed("nccl" if use_cuda else "gloo", timedelta(seconds=args.timeout))
+    init_distributed(
+        "nccl" if use_cuda else "gloo", timedelta(seconds=args.timeout), name="ddp_train"
+    )
     rank, world = dist.get_rank(), dist.get_world_size()
     device = (
         torch.device("cuda", int(os.environ["LOCAL_RANK"])) if use_cuda else torch.device("cpu")
@@ -273,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     args.out.mkdir(parents=True, exist_ok=True)
     # One data stream (and random state) per rank: the number of ranks shapes the run.
     config = run_config(args, text.vocab, world_size=world)
-    ckpt = resume(args.resume, config, model)
+    ckpt = resume_on_every_rank(args.resume, CKPT_FIELDS, config, model)
     if ckpt is not None:
         loss_start = ckpt["loss_start"]
     else:
