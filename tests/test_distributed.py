@@ -63,7 +63,7 @@ def test_parts_equal_one_process(launched, world: int) -> None:
 
 
 def test_bytes_sent_are_the_halo_rows_times_the_row_size() -> None:
-    ranks = run_ranks("dist_workers:traffic", 3, timeout=120, n=30, heads=2, channels=3)
+    ranks = run_ranks("dist_workers:traffic", 3, timeout=240, n=30, heads=2, channels=3)
     for r in ranks:
         # Forward: each rank sends its send list's rows (one key and one value row each);
         # backward: the gradients of its halo rows go back.

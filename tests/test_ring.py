@@ -48,7 +48,7 @@ def _cases() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def launched() -> dict[str, Any]:
     ranks = run_ranks(
-        "dist_ring_workers:suite", WORLD, timeout=150, cases=_cases(), sizes=SIZES, nonfinite_T=23
+        "dist_ring_workers:suite", WORLD, timeout=300, cases=_cases(), sizes=SIZES, nonfinite_T=23
     )
     return {"ranks": ranks, "check": [r for rank in ranks for r in rank["check"]]}
 
