@@ -52,7 +52,8 @@ class GPSConv(torch.nn.Module):
     graph to the largest one (``to_dense_batch``) and masks the padding; here
     ``attn``'s projections run on the real nodes only and
     :func:`gnnattn.attention` runs on :meth:`AttentionGraph.complete
-    <gnnattn.AttentionGraph.complete>` of the batch's graphs. ``attn``'s
+    <gnnattn.AttentionGraph.complete>` of the batch's graphs (on ``"sdpa"``,
+    the graphs bucketed by size, so that none is padded to the largest). ``attn``'s
     dropout is the operator's attention dropout while training; the
     activation dropouts (``dropout``) draw from :func:`gnnattn.ops.dropout`'s
     stream (the MLP's are :class:`gnnattn.nn.Dropout`, a

@@ -243,8 +243,16 @@ def attention(
 
 def _all_finite(*tensors: Tensor) -> bool:
     """One flag for the inputs (a host synchronisation on CUDA: the sdpa path
-    reads it once per call)."""
-    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+    reads it once per call).
+
+    A sum is finite only if every term is (a NaN or an infinity, or ``inf -
+    inf``, makes it non-finite): one reduction per tensor instead of
+    ``isfinite``'s mask. A sum of finite terms that overflows (float32 at
+    3e38; half types are summed in float32) says "non-finite" too, which
+    only sends the call to the fused kernel, which meets the contract anyway.
+    """
+    sums = [t.sum(dtype=torch.promote_types(t.dtype, torch.float32)) for t in tensors]
+    return bool(torch.stack(sums).isfinite().all())
 
 
 def _run(

@@ -5,9 +5,24 @@ sliding windows) attention is dense attention on ``[B, H, T, C]`` tensors
 (the layout for which the CPU picks its fused kernel), with ``is_causal`` or a
 boolean mask. Its dropout is SDPA's own (torch's generator of the device), not
 the counter-based stream of the sparse backends.
+
+Blocks of different lengths (a PyG batch of graphs of many sizes) are
+*bucketed*: sorted by length and grouped greedily, longest first, into
+buckets whose padded pairs exceed the real ones by at most
+:data:`MAX_PADDING` (15%); each bucket is one SDPA call on its blocks
+gathered into ``[B_bucket, H, T_bucket, C]`` with a key-padding mask, and the
+outputs are gathered back. Padding every block to the longest one (as
+``to_dense_batch`` does) costs ``B * T_max^2`` pairs, six times the real
+ones on a skewed batch; the buckets cost at most 1.15 times them, plus one
+SDPA call per bucket (about ``log(T_max) / log(1 / 0.92)`` of them, as
+lengths within 8% of each other share one). The plan (the gather indices
+and masks) is built once per graph and device and kept on the graph
+(:meth:`~gnnattn.AttentionGraph.derived`).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +31,12 @@ from torch import Tensor
 from ..graphs import AttentionGraph
 from ..kernels.common import acc_dtype
 
-__all__ = ["sdpa_attention"]
+__all__ = ["MAX_PADDING", "SDPABucket", "SDPAPlan", "sdpa_attention", "sdpa_plan"]
+
+#: The most padded pairs a bucket of blocks may hold, as a fraction of all its
+#: pairs (padded and real): a bucket of longest block ``T`` takes blocks down
+#: to about ``0.92 T`` (``0.92^2 = 0.85``).
+MAX_PADDING = 0.15
 
 
 def _window_mask(graph: AttentionGraph, t: int, device: torch.device) -> Tensor | None:
@@ -31,6 +51,148 @@ def _window_mask(graph: AttentionGraph, t: int, device: torch.device) -> Tensor 
     if s.kind == "causal_window":
         return (d >= 0) & (d <= s.window)
     return d.abs() <= s.window
+
+
+class SDPABucket(NamedTuple):
+    """Blocks of similar lengths, padded to the longest of them for one SDPA call.
+
+    Attributes:
+        blocks: the number of blocks in the bucket.
+        length: their padded length ``T`` (the longest block's).
+        valid: ``[blocks, T]`` which padded positions are real rows, or
+            ``None`` when every block of the bucket has length ``T``.
+    """
+
+    blocks: int
+    length: int
+    valid: Tensor | None
+
+
+class SDPAPlan(NamedTuple):
+    """How :func:`sdpa_attention` runs blocks of different lengths (see :func:`sdpa_plan`).
+
+    Attributes:
+        buckets: the buckets, in the order of ``rows``.
+        rows: ``[P]`` the row of ``q``/``k``/``v`` at each padded position of
+            the buckets, one after another (``P = sum(blocks * T)``); a padded
+            position repeats its block's last row (masked as a key, dropped as
+            a query).
+        take: ``[N]`` the padded position of every row, to gather the
+            output back.
+    """
+
+    buckets: tuple[SDPABucket, ...]
+    rows: Tensor
+    take: Tensor
+
+
+def _groups(lengths: tuple[int, ...]) -> tuple[list[int], list[tuple[int, int]]]:
+    """Block ids sorted by length (longest first) and ``[start, end)`` runs of
+    them whose padding is at most :data:`MAX_PADDING` of the run's pairs."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    runs = []
+    i = 0
+    while i < len(order):
+        top = lengths[order[i]]
+        real = 0
+        j = i
+        # Greedy: a shorter block only adds padding, so the run stops at the
+        # first one that would take it past the bound.
+        while j < len(order):
+            t = lengths[order[j]]
+            if real + t * t < (1.0 - MAX_PADDING) * (j - i + 1) * top * top:
+                break
+            real += t * t
+            j += 1
+        runs.append((i, j))
+        i = j
+    return order, runs
+
+
+def sdpa_plan(lengths: tuple[int, ...], device: torch.device) -> SDPAPlan:
+    """The buckets of blocks of ``lengths`` and their gather indices on ``device``.
+
+    Example:
+        >>> plan = sdpa_plan((3, 1, 10, 9), torch.device("cpu"))
+        >>> [(b.blocks, b.length) for b in plan.buckets]
+        [(2, 10), (1, 3), (1, 1)]
+    """
+    order, runs = _groups(lengths)
+    lens = torch.tensor(lengths, dtype=torch.long)
+    blk = torch.tensor(order, dtype=torch.long)  # block ids, longest first
+    blen = lens[blk]
+    tops = [lengths[order[i]] for i, _ in runs]
+    counts = [j - i for i, j in runs]
+    # Every position of every padded block at once: its block, its offset.
+    pad = torch.repeat_interleave(torch.tensor(tops), torch.tensor(counts))  # (B,)
+    first = torch.cumsum(pad, 0) - pad
+    bid = torch.repeat_interleave(torch.arange(len(order)), pad)  # (P,)
+    pos = torch.arange(int(pad.sum())) - first[bid]
+    valid = pos < blen[bid]
+    # Clamped to the block's last row: a real, finite row of the same block.
+    starts = torch.cumsum(lens, 0) - lens
+    rows = starts[blk][bid] + torch.minimum(pos, blen[bid] - 1)
+    take = torch.empty(len(rows) and int(lens.sum()), dtype=torch.long)
+    take[rows[valid]] = torch.arange(rows.numel())[valid]
+    buckets = []
+    sizes = [b * t for b, t in zip(counts, tops, strict=True)]
+    for (i, j), t, ok in zip(runs, tops, valid.split(sizes), strict=True):
+        full = lengths[order[j - 1]] == t
+        buckets.append(SDPABucket(j - i, t, None if full else ok.view(j - i, t).to(device)))
+    return SDPAPlan(tuple(buckets), rows.to(device), take.to(device))
+
+
+def _bucket_mask(
+    graph: AttentionGraph, bucket: SDPABucket, device: torch.device
+) -> tuple[Tensor | None, bool]:
+    """``(attn_mask, is_causal)`` of one bucket's SDPA call (``True`` = attend)."""
+    s = graph.structure
+    assert s is not None
+    valid, t = bucket.valid, bucket.length
+    if s.kind == "causal":
+        # Padding is at the end of a block: a real query sees only earlier,
+        # real keys; a padded query row (a copy of the block's last row, dropped)
+        # sees the last row's scores and copies of them, no others.
+        return None, True
+    band = _window_mask(graph, t, device)
+    if valid is None:
+        return band, False
+    keys = valid.view(bucket.blocks, 1, 1, t)
+    if band is None:
+        return keys, False  # broadcast over queries: every block has a real key
+    # A padded query row (a copy of its block's last row) takes the last row's
+    # band: it sees a real key, and no score the real rows do not see (an
+    # overflow there would reach the keys' gradients as NaN * 0).
+    last = valid.sum(1, keepdim=True) - 1  # (blocks, 1)
+    qrow = torch.minimum(torch.arange(t, device=device).view(1, -1), last)  # (blocks, T)
+    return band[qrow].unsqueeze(1) & keys, False  # (blocks, 1, T, T)
+
+
+def _bucketed(
+    q: Tensor, k: Tensor, v: Tensor, graph: AttentionGraph, scale: float, dropout_p: float
+) -> Tensor:
+    """SDPA per bucket of similar-length blocks (see the module's docstring)."""
+    s = graph.structure
+    assert s is not None
+    dev = q.device
+    plan = graph.derived(("sdpa_plan", str(dev)), lambda: sdpa_plan(s.lengths, dev))
+    h, c, cv = q.shape[1], q.shape[2], v.shape[2]
+    sizes = [b.blocks * b.length for b in plan.buckets]
+    # split, not slices: its backward concatenates the buckets' gradients
+    # (a slice's backward would add a zero-filled [P, H, C] per bucket).
+    qs, ks, vs = (t[plan.rows].split(sizes) for t in (q, k, v))
+    outs = []
+    for bucket, qp, kp, vp in zip(plan.buckets, qs, ks, vs, strict=True):
+        b, t = bucket.blocks, bucket.length
+        qb = qp.view(b, t, h, c).transpose(1, 2)  # (b, H, T, C)
+        kb = kp.view(b, t, h, c).transpose(1, 2)
+        vb = vp.view(b, t, h, cv).transpose(1, 2)
+        mask, is_causal = _bucket_mask(graph, bucket, dev)
+        ob = F.scaled_dot_product_attention(
+            qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        )
+        outs.append(ob.transpose(1, 2).reshape(b * t, h, cv))
+    return torch.cat(outs)[plan.take]  # (N, H, Cv)
 
 
 def _gather_weights(
@@ -76,7 +238,8 @@ def sdpa_attention(
 
     Equal-length blocks go through one ``[B, H, T, C]`` call (``is_causal`` for
     causal graphs, no mask for complete ones: SDPA's fused CPU/GPU kernels).
-    Blocks of different lengths are padded to the longest with a mask.
+    Blocks of different lengths run bucketed by length (the module's
+    docstring), each bucket with a key-padding mask.
     With ``need_weights`` the weights are computed once more through the
     matrix and gathered on the edges (the slower, documented path).
 
@@ -104,26 +267,6 @@ def sdpa_attention(
         )
         out = ob.transpose(1, 2).reshape(n, h, cv)  # (N, H, Cv)
     else:
-        lens = torch.tensor(lengths, device=q.device)
-        starts = torch.cumsum(lens, 0) - lens
-        pos = torch.arange(tmax, device=q.device)
-        valid = pos.view(1, -1) < lens.view(-1, 1)  # (B, T)
-        rows = (starts.view(-1, 1) + pos.view(1, -1)).clamp_max(n - 1)  # (B, T)
-        qb = q[rows].permute(0, 2, 1, 3)  # (B, H, T, C)
-        kb = k[rows].permute(0, 2, 1, 3)
-        vb = v[rows].permute(0, 2, 1, 3)
-        key_ok = valid.view(b, 1, 1, tmax)
-        m = key_ok.expand(b, 1, tmax, tmax)
-        if is_causal:
-            m = m & torch.ones(tmax, tmax, dtype=torch.bool, device=q.device).tril()
-        elif mask is not None:
-            m = m & mask
-        # Padded query rows attend to everything so that no row is fully
-        # masked (SDPA would give NaN there, and NaN * 0 in the backward).
-        m = m | ~valid.view(b, 1, tmax, 1)
-        ob = F.scaled_dot_product_attention(
-            qb, kb, vb, attn_mask=m, dropout_p=dropout_p, scale=scale
-        )
-        out = ob.permute(0, 2, 1, 3)[valid]  # (N, H, Cv)
+        out = _bucketed(q, k, v, graph, scale, dropout_p)
     weights = _gather_weights(q, k, graph, scale, mask) if need_weights else None
     return out, weights
