@@ -28,7 +28,13 @@ import gnnattn  # noqa: E402
 #   for all its tests (every notebook executed, one Chromium started, a
 #   reference training run); split between workers, each worker would redo it;
 # * ranks: the tests that launch several processes at once (torchrun, gloo
-#   ranks), so that two launches never compete for the cores with each other.
+#   ranks), so that two launches never compete for the cores with each other;
+# * cpu-kernels, edge-kernels: tests that call the numba kernels with many
+#   combinations of dtype and options, each compiled on its first call (seconds
+#   each on a cold cache). Workers do not share what they compile until it is
+#   on disk, and tests handed out one by one in file order would have both
+#   workers compile the same specialisation at the same time; as one unit each
+#   file compiles each of its specialisations once, the two files in parallel.
 #
 # (xdist's own "--dist loadgroup" with xdist_group marks does this by renaming
 # the tests, which pytest 9 no longer lets it do: the marks are ignored.)
@@ -39,6 +45,8 @@ GROUPS = {
     "test_ddp.py": "ranks",
     "test_ring.py": "ranks",
     "test_distributed*.py": "ranks",
+    "test_kernels_cpu.py": "cpu-kernels",
+    "test_edge_algebra.py": "edge-kernels",
 }
 
 
