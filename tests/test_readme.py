@@ -76,3 +76,14 @@ def test_ci_installs_and_tests_as_the_readme_says():
     assert 'pip install -e ".[dev]" && pytest' in readme
     assert "pip install -q torch==2.13.0" in ci and 'pip install -q -e ".[dev]"' in ci
     assert re.search(r"^pytest$", ci, re.M)
+
+
+def test_the_dev_extra_has_what_addopts_needs():
+    # The README's bare `pytest` runs on one xdist worker per core (addopts' -n auto,
+    # groups in conftest.py): the dev extra must install pytest-xdist, or pytest stops
+    # at the unknown option.
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    dev = re.search(r"^dev = \[(.*?)^\]", pyproject, re.M | re.S)
+    assert dev and re.search(r'^\s*"pytest-xdist>=', dev.group(1), re.M)
+    addopts = re.search(r'^addopts = "(.*)"$', pyproject, re.M)
+    assert addopts and "-n auto" in addopts.group(1)
