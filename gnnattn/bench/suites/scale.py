@@ -40,8 +40,12 @@ _INPUTS = MappingProxyType(
     {
         "csr": "graph from an int32 CSR adjacency",
         "edge_index": "graph from an int64 edge_index",
+        # Issue 18's N = 1M row: PyG's layer with edge features, on the fused
+        # kernels by the edge algebra (edge_attr [E, 16] read raw, no E x D tensor).
+        "tconv": "TransformerConv(edge_dim=16), graph from an int64 edge_index",
     }
 )
+TCONV_EDGE_DIM = 16
 _SPMM = "CSR SpMM: torch.sparse.mm(A, X [N, embed])"
 _FWD = "SelfAttentionConv forward (no grad)"
 _FWDBWD = "SelfAttentionConv forward + backward"
@@ -70,12 +74,11 @@ def scale_rows(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> li
         if out is None:
             status = f"error: {err[0][:160] if err else 'no result'}"
             for mode in ("fwd", "fwdbwd"):
-                rows.append(row("scale", case, mode, _FWD if mode == "fwd" else _FWDBWD, _SPMM,
-                                status=status))  # fmt: skip
+                rows.append(row("scale", case, mode, _names(kind)[mode], _SPMM, status=status))
             continue
         gib = n * deg * d * 4 / 2**30
         conv = f"skipped (memory): |E| x D = {gib:.0f} GiB per tensor"
-        for mode, name in (("fwd", _FWD), ("fwdbwd", _FWDBWD)):
+        for mode, name in _names(kind).items():
             spmm = _timed_row(case, mode, _SPMM, out["spmm_ms"])
             mine = _timed_row(case, mode, name, out[f"{mode}_ms"])
             mine["ratio"] = mine["median_ms"] / spmm["median_ms"]
@@ -88,6 +91,14 @@ def scale_rows(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> li
                 )
             rows += [spmm, mine, row("scale", case, mode, _CONV, _SPMM, status=conv)]
     return rows
+
+
+def _names(kind: str) -> dict[str, str]:
+    """The candidate's name per mode: the SelfAttentionConv, or gnnattn's TransformerConv."""
+    if kind == "tconv":
+        layer = "gnnattn TransformerConv"
+        return {"fwd": f"{layer} forward (no grad)", "fwdbwd": f"{layer} forward + backward"}
+    return {"fwd": _FWD, "fwdbwd": _FWDBWD}
 
 
 def _timed_row(case: str, mode: str, name: str, times: list[float]) -> dict[str, Any]:
@@ -125,7 +136,7 @@ def _worker(args: dict[str, Any]) -> dict[str, Any]:
     ptr = torch.arange(n + 1, dtype=torch.int32) * deg
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
-        if args["input"] == "csr":
+        if args["input"] == "csr":  # the others: an int64 edge_index
             col = torch.randint(0, n, (e,), generator=gen, dtype=torch.int32)
             adj = torch.sparse_csr_tensor(ptr, col, torch.ones(e, dtype=torch.bool), (n, n))
             graph = AttentionGraph(adj)
@@ -160,20 +171,29 @@ def _layer_part(args: dict[str, Any], graph: Any, gen: Any) -> dict[str, Any]:
     """The layer's first call, its timed calls and the process's peak resident set."""
     import torch
 
+    from ...nn import TransformerConv
     from .common import attention_layer
 
     n, d, h, reps = args["nodes"], args["embed"], args["heads"], args["reps"]
     torch.manual_seed(args["seed"])
-    layer = attention_layer(d, h, torch.device("cpu"))
+    ea = None
+    if args["input"] == "tconv":
+        layer: Any = TransformerConv(d, d // h, heads=h, edge_dim=TCONV_EDGE_DIM)
+        ea = torch.randn(graph.num_edges, TCONV_EDGE_DIM, generator=gen)  # (E, 16)
+    else:
+        layer = attention_layer(d, h, torch.device("cpu"))
     x = torch.randn(n, d, generator=gen).requires_grad_()
     g = torch.randn(n, d, generator=gen)
     rss_inputs = _status()["VmRSS"]
+
+    def call() -> Any:
+        return layer(x, graph) if ea is None else layer(x, graph, ea)
 
     def fwdbwd() -> None:
         x.grad = None
         for p in layer.parameters():
             p.grad = None
-        layer(x, graph).backward(g)
+        call().backward(g)
 
     t0 = time.perf_counter()
     fwdbwd()
@@ -182,7 +202,7 @@ def _layer_part(args: dict[str, Any], graph: Any, gen: Any) -> dict[str, Any]:
     for _ in range(reps):
         t0 = time.perf_counter()
         with torch.no_grad():
-            layer(x, graph)
+            call()
         fwd_ms.append((time.perf_counter() - t0) * 1e3)
         t0 = time.perf_counter()
         fwdbwd()
