@@ -1,0 +1,280 @@
+"""The ``distributed`` suite: one graph across P processes (:mod:`gnnattn.distributed`).
+
+* **halo**: a kNN graph of random 3-D points (ids in random order), split
+  over P = 4 ranks by METIS, contiguous blocks and at random (the baseline):
+  the halo rows (sources a rank reads but another owns, summed over the
+  ranks) as a fraction of the owned rows, and the time :func:`partition`
+  took, in this process.
+* **layer**: one ``SelfAttentionConv`` (embed 64, 4 heads, float32) forward +
+  backward on a kNN graph of ``k`` = 32 (32 in-edges per node), ids sorted by
+  the first coordinate (a local order, as :func:`gnnattn.reorder` would give)
+  and split in contiguous blocks (slabs). A one-time partition process writes
+  the whole graph and one file per rank; the single process loads the
+  whole graph, each of P gloo ranks (1 thread each, started as processes of
+  their own, killed as a group on a timeout) only its part. Every process
+  reports its peak resident set (``VmHWM``): nothing but that case ran in
+  it. Each rank reports its layer time, the bytes it handed to the exchange
+  per layer (forward, backward) and the time it spent blocked in it (see
+  :mod:`.distributed_worker`).
+* **weak scaling**: the same layer at a fixed number of targets (and edges)
+  per rank for P = 1, 2, 4: the compute time per rank (layer time minus the
+  exchange wait), slowest rank. On a machine with fewer cores than ranks
+  the ranks share cores, which shows here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from ..harness import BenchConfig, row
+
+__all__ = ["SIZES", "DistSize", "distributed_rows"]
+
+_WORKER = "gnnattn.bench.suites.distributed_worker"
+_EMBED, _HEADS = 64, 4
+
+
+@dataclass(frozen=True)
+class DistSize:
+    """The suite's sizes: halo case (nodes, k, P), layer case (nodes, k, P), weak scaling
+    (targets per rank, ranks), timed repetitions, and a timeout per process (s)."""
+
+    halo_nodes: int
+    halo_k: int
+    layer_nodes: int
+    layer_k: int
+    weak_nodes: int
+    weak_parts: tuple[int, ...]
+    parts: int = 4
+    reps: int = 2
+    timeout: float = 3600.0
+
+
+SIZES: Mapping[str, DistSize] = MappingProxyType(
+    {
+        "full": DistSize(1_000_000, 16, 2_000_000, 32, 250_000, (1, 2, 4)),
+        "quick": DistSize(4_000, 16, 4_000, 32, 1_000, (1, 2, 4), reps=1, timeout=120.0),
+    }
+)
+
+
+def _run(job: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One job of :mod:`.distributed_worker` in a new process; its JSON result.
+
+    A ``--quick`` run makes its (tiny) graphs in this process instead: process
+    starts are most of its time, and its memory is not what it measures."""
+    if job["job"] == "make" and timeout <= SIZES["quick"].timeout:
+        from .distributed_worker import JOBS
+
+        return JOBS["make"]({k: v for k, v in job.items() if k != "job"})
+    cmd = [sys.executable, "-m", _WORKER, json.dumps(job)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{job['job']} exited {res.returncode}: {last[:200]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # each rank leads a session of its own
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        p.wait()
+
+
+def _run_ranks(job: dict[str, Any], parts: int, timeout: float) -> list[dict[str, Any]]:
+    """``job`` on ``parts`` gloo ranks (processes of their own); their results in rank order."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+        procs = []
+        for r in range(parts):
+            spec = {**job, "job": "rank", "rank": r, "parts": parts, "store": f"{tmp}/store"}
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", _WORKER, json.dumps(spec)],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                    start_new_session=True,
+                )  # fmt: skip
+            )
+        try:
+            deadline = time.monotonic() + timeout
+            outs = [p.communicate(timeout=max(deadline - time.monotonic(), 1)) for p in procs]
+        except BaseException:
+            _kill(procs)
+            raise
+    results = []
+    for r, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
+        if p.returncode != 0:
+            last = (err.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"rank {r} of {parts} exited {p.returncode}: {last[:200]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def _halo_rows(size: DistSize, cfg: BenchConfig) -> list[dict[str, Any]]:
+    """METIS, contiguous, random: halo fraction and partition time (this process)."""
+    import torch
+
+    from ...distributed import partition
+    from .common import knn_graph, random_points
+
+    n, k, p = size.halo_nodes, size.halo_k, size.parts
+    gen = torch.Generator().manual_seed(cfg.seed + 40)
+    t0 = time.perf_counter()
+    ei = knn_graph(random_points(n, gen), k)
+    knn_s = time.perf_counter() - t0
+    case = f"halo rows / owned rows: kNN graph of random 3-D points, N={n:,}, k={k}, P={p}"
+    base = "random (the baseline)"
+    found: dict[str, tuple[float, float]] = {}
+    for method in ("random", "contiguous", "metis"):
+        t0 = time.perf_counter()
+        part = partition(ei, p, method=method, num_nodes=n, seed=cfg.seed)
+        found[method] = (time.perf_counter() - t0, part.halo_fraction())
+        del part
+    target = {"metis": "target <= 10%", "random": "target >= 70%", "contiguous": ""}
+    rows = []
+    for method in ("random", "contiguous", "metis"):
+        sec, frac = found[method]
+        name = base if method == "random" else method
+        note = f"halo {100 * frac:.1f}% of owned rows"
+        note += f" ({target[method]})" if target[method] else " (ids in random order)"
+        if method == "random":
+            note += f"; kNN graph built in {knn_s:.1f} s (cKDTree)"
+        rows.append(row(
+            "distributed", case, "partition", name, base, times_ms=[sec * 1e3], reps=1,
+            median_ms=sec * 1e3, ratio=sec / found["random"][0], note=note,
+            mode_label="partition(...) time; halo fraction in the note",
+            halo_fraction=frac,
+        ))  # fmt: skip
+    return rows
+
+
+def _rank_note(r: dict[str, Any], single_rss: int) -> str:
+    layer = statistics.median(r["ms"])
+    wait = statistics.median(r["wait_ms"])
+    return (
+        f"RSS {r['peak_rss'] / single_rss:.2f}x the single process's (target <= 0.35x); "
+        f"exchange wait {wait:.0f} ms ({100 * wait / layer:.0f}% of the layer); "
+        f"{r['fwd_bytes'] / 1e6:.1f} MB fwd + {r['bwd_bytes'] / 1e6:.1f} MB bwd per layer; "
+        f"{r['targets']:,} targets, {r['halo']:,} halo rows, {r['edges']:,} edges"
+    )
+
+
+def _layer_rows(size: DistSize, cfg: BenchConfig, log: Callable[[str], None] | None
+                ) -> list[dict[str, Any]]:  # fmt: skip
+    """The whole graph in one process against P ranks each loading its part."""
+    n, k, p = size.layer_nodes, size.layer_k, size.parts
+    case = (
+        f"SelfAttentionConv (embed {_EMBED}, {_HEADS} heads, float32), kNN graph of 3-D points "
+        f"sorted by x, N={n:,}, {k} in-edges each, |E|={n * k:,}: 1 process vs P={p} gloo "
+        f"ranks (1 thread each, contiguous parts)"
+    )
+    base = "single process (1 thread)"
+    with tempfile.TemporaryDirectory() as folder:
+        job = {"nodes": n, "k": k, "parts": p, "seed": cfg.seed, "folder": folder,
+               "embed": _EMBED, "heads": _HEADS, "reps": size.reps, "threads": 1}  # fmt: skip
+        if log is not None:
+            log(f"running [distributed] kNN graph N={n:,} k={k} and its partition (a process)")
+        made = _run({**job, "job": "make", "method": "contiguous", "sort": True}, size.timeout)
+        if log is not None:
+            log("running [distributed] the layer in one process")
+        single = _run({**job, "job": "single"}, size.timeout)
+        if log is not None:
+            log(f"running [distributed] the layer on {p} ranks")
+        ranks = _run_ranks(job, p, size.timeout)
+    one = statistics.median(single["ms"])
+    made_note = (
+        f"one-time partition process: kNN {made['knn_s']:.1f} s, partition "
+        f"{made['partition_s']:.1f} s, files {made['save_s']:.1f} s, peak RSS "
+        f"{made['peak_rss'] / 1e9:.2f} GB; halo {100 * made['halo_fraction']:.1f}% of owned rows"
+    )
+    rows = [row(
+        "distributed", case, "fwdbwd", base, base, times_ms=single["ms"], reps=len(single["ms"]),
+        median_ms=one, ratio=1.0, peak_rss=single["peak_rss"], note=made_note,
+    )]  # fmt: skip
+    for r, res in enumerate(ranks):
+        rows.append(row(
+            "distributed", case, "fwdbwd", f"rank {r} of {p}", base, times_ms=res["ms"],
+            reps=len(res["ms"]), median_ms=statistics.median(res["ms"]),
+            ratio=statistics.median(res["ms"]) / one, peak_rss=res["peak_rss"],
+            note=_rank_note(res, single["peak_rss"]), rss_ratio=res["peak_rss"] / single["peak_rss"],
+            wait_ms=res["wait_ms"], fwd_bytes=res["fwd_bytes"], bwd_bytes=res["bwd_bytes"],
+        ))  # fmt: skip
+    return rows
+
+
+def _weak_rows(size: DistSize, cfg: BenchConfig, log: Callable[[str], None] | None
+               ) -> list[dict[str, Any]]:  # fmt: skip
+    """Compute time per rank (layer minus exchange wait) at fixed targets per rank."""
+    nr, k = size.weak_nodes, size.layer_k
+    case = (
+        f"weak scaling: SelfAttentionConv (embed {_EMBED}, {_HEADS} heads) forward + backward, "
+        f"{nr:,} targets x {k} in-edges per rank (kNN, sorted by x, contiguous parts), "
+        f"1 thread per rank, {os.cpu_count()} cores"
+    )
+    rows: list[dict[str, Any]] = []
+    base_ms = None
+    for p in size.weak_parts:
+        if log is not None:
+            log(f"running [distributed] weak scaling, P={p}")
+        with tempfile.TemporaryDirectory() as folder:
+            job = {"nodes": nr * p, "k": k, "parts": p, "seed": cfg.seed, "folder": folder,
+                   "embed": _EMBED, "heads": _HEADS, "reps": size.reps}  # fmt: skip
+            _run({**job, "job": "make", "method": "contiguous", "sort": True}, size.timeout)
+            ranks = _run_ranks(job, p, size.timeout)
+        compute = [
+            statistics.median(a - b for a, b in zip(r["ms"], r["wait_ms"], strict=True))
+            for r in ranks
+        ]
+        slow = max(compute)
+        base_ms = slow if base_ms is None else base_ms
+        per = ", ".join(f"{c:.0f}" for c in compute)
+        waits = ", ".join(f"{statistics.median(r['wait_ms']):.0f}" for r in ranks)
+        rows.append(row(
+            "distributed", case, "weak", f"P = {p}", "P = 1", times_ms=[slow], reps=size.reps,
+            median_ms=slow, ratio=slow / base_ms,
+            note=f"compute ms per rank: {per}; exchange wait ms: {waits}",
+            mode_label="compute time per rank (slowest rank; layer time minus exchange wait)",
+            compute_ms=compute,
+        ))  # fmt: skip
+    return rows
+
+
+def distributed_rows(
+    cfg: BenchConfig, log: Callable[[str], None] | None = None
+) -> list[dict[str, Any]]:
+    """The suite's rows: halo fractions, one process vs P ranks, weak scaling."""
+    size = SIZES["quick" if cfg.quick else "full"]
+    if log is not None:
+        log(f"running [distributed] halo fractions, N={size.halo_nodes:,}")
+    rows = _halo_rows(size, cfg)
+    rows += _layer_rows(size, cfg, log)
+    rows += _weak_rows(size, cfg, log)
+    return rows
+
+
+if __name__ == "__main__":  # pragma: no cover - the suite's parts, one at a time
+    _cfg = BenchConfig(quick="--quick" in sys.argv, suites=("distributed",))
+    _part = {"halo": _halo_rows, "layer": _layer_rows, "weak": _weak_rows}
+    from ..report import format_table
+
+    for name in sys.argv[1:]:
+        if name in _part:
+            args: tuple[Any, ...] = (SIZES["quick" if _cfg.quick else "full"], _cfg)
+            if name != "halo":
+                args = (*args, print)
+            print(format_table(_part[name](*args)), flush=True)
