@@ -106,7 +106,10 @@ def _run_ranks(job: dict[str, Any], parts: int, timeout: float) -> list[dict[str
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", _WORKER, json.dumps(spec)],
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=env,
                     start_new_session=True,
                 )  # fmt: skip
             )
@@ -211,7 +214,8 @@ def _layer_rows(size: DistSize, cfg: BenchConfig, log: Callable[[str], None] | N
             "distributed", case, "fwdbwd", f"rank {r} of {p}", base, times_ms=res["ms"],
             reps=len(res["ms"]), median_ms=statistics.median(res["ms"]),
             ratio=statistics.median(res["ms"]) / one, peak_rss=res["peak_rss"],
-            note=_rank_note(res, single["peak_rss"]), rss_ratio=res["peak_rss"] / single["peak_rss"],
+            note=_rank_note(res, single["peak_rss"]),
+            rss_ratio=res["peak_rss"] / single["peak_rss"],
             wait_ms=res["wait_ms"], fwd_bytes=res["fwd_bytes"], bwd_bytes=res["bwd_bytes"],
         ))  # fmt: skip
     return rows
@@ -267,14 +271,25 @@ def distributed_rows(
     return rows
 
 
-if __name__ == "__main__":  # pragma: no cover - the suite's parts, one at a time
-    _cfg = BenchConfig(quick="--quick" in sys.argv, suites=("distributed",))
-    _part = {"halo": _halo_rows, "layer": _layer_rows, "weak": _weak_rows}
+def _main(argv: list[str]) -> None:
+    """``python -m gnnattn.bench.suites.distributed [--quick] halo|layer|weak ...``: some
+    parts of the suite, each table printed as soon as it is done."""
     from ..report import format_table
 
-    for name in sys.argv[1:]:
-        if name in _part:
-            args: tuple[Any, ...] = (SIZES["quick" if _cfg.quick else "full"], _cfg)
-            if name != "halo":
-                args = (*args, print)
-            print(format_table(_part[name](*args)), flush=True)
+    cfg = BenchConfig(quick="--quick" in argv, suites=("distributed",))
+    size = SIZES["quick" if cfg.quick else "full"]
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    for name in argv:
+        if name == "halo":
+            print(format_table(_halo_rows(size, cfg)), flush=True)
+        elif name == "layer":
+            print(format_table(_layer_rows(size, cfg, log)), flush=True)
+        elif name == "weak":
+            print(format_table(_weak_rows(size, cfg, log)), flush=True)
+
+
+if __name__ == "__main__":  # pragma: no cover - the suite's parts, one at a time
+    _main(sys.argv[1:])
