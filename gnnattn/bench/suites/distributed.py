@@ -48,7 +48,9 @@ _EMBED, _HEADS = 64, 4
 @dataclass(frozen=True)
 class DistSize:
     """The suite's sizes: halo case (nodes, k, P), layer case (nodes, k, P), weak scaling
-    (targets per rank, ranks), timed repetitions, and a timeout per process (s)."""
+    (targets per rank, ranks), timed repetitions, a timeout per process (s), and whether
+    the graphs are made in this process (``--quick``: process starts are most of its
+    time, and its memory is not what it measures) or in one of their own."""
 
     halo_nodes: int
     halo_k: int
@@ -59,25 +61,27 @@ class DistSize:
     parts: int = 4
     reps: int = 2
     timeout: float = 3600.0
+    make_here: bool = False
 
 
 SIZES: Mapping[str, DistSize] = MappingProxyType(
     {
-        "full": DistSize(1_000_000, 16, 2_000_000, 32, 250_000, (1, 2, 4)),
-        "quick": DistSize(4_000, 16, 4_000, 32, 1_000, (1, 2, 4), reps=1, timeout=120.0),
+        "full": DistSize(1_000_000, 16, 2_000_000, 32, 125_000, (1, 2, 4)),
+        "quick": DistSize(
+            4_000, 16, 4_000, 32, 1_000, (1, 2, 4), reps=1, timeout=120.0, make_here=True
+        ),
     }
 )
 
 
-def _run(job: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """One job of :mod:`.distributed_worker` in a new process; its JSON result.
-
-    A ``--quick`` run makes its (tiny) graphs in this process instead: process
-    starts are most of its time, and its memory is not what it measures."""
-    if job["job"] == "make" and timeout <= SIZES["quick"].timeout:
+def _run(job: dict[str, Any], size: DistSize) -> dict[str, Any]:
+    """One job of :mod:`.distributed_worker` in a new process (a ``make`` job in this
+    one when ``size.make_here``); its JSON result."""
+    if job["job"] == "make" and size.make_here:
         from .distributed_worker import JOBS
 
         return JOBS["make"]({k: v for k, v in job.items() if k != "job"})
+    timeout = size.timeout
     cmd = [sys.executable, "-m", _WORKER, json.dumps(job)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     if res.returncode != 0:
@@ -192,10 +196,10 @@ def _layer_rows(size: DistSize, cfg: BenchConfig, log: Callable[[str], None] | N
                "embed": _EMBED, "heads": _HEADS, "reps": size.reps, "threads": 1}  # fmt: skip
         if log is not None:
             log(f"running [distributed] kNN graph N={n:,} k={k} and its partition (a process)")
-        made = _run({**job, "job": "make", "method": "contiguous", "sort": True}, size.timeout)
+        made = _run({**job, "job": "make", "method": "contiguous", "sort": True}, size)
         if log is not None:
             log("running [distributed] the layer in one process")
-        single = _run({**job, "job": "single"}, size.timeout)
+        single = _run({**job, "job": "single"}, size)
         if log is not None:
             log(f"running [distributed] the layer on {p} ranks")
         ranks = _run_ranks(job, p, size.timeout)
@@ -238,7 +242,7 @@ def _weak_rows(size: DistSize, cfg: BenchConfig, log: Callable[[str], None] | No
         with tempfile.TemporaryDirectory() as folder:
             job = {"nodes": nr * p, "k": k, "parts": p, "seed": cfg.seed, "folder": folder,
                    "embed": _EMBED, "heads": _HEADS, "reps": size.reps}  # fmt: skip
-            _run({**job, "job": "make", "method": "contiguous", "sort": True}, size.timeout)
+            _run({**job, "job": "make", "method": "contiguous", "sort": True}, size)
             ranks = _run_ranks(job, p, size.timeout)
         compute = [
             statistics.median(a - b for a, b in zip(r["ms"], r["wait_ms"], strict=True))
