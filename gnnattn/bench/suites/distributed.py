@@ -146,19 +146,20 @@ def _halo_rows(size: DistSize, cfg: BenchConfig) -> list[dict[str, Any]]:
     knn_s = time.perf_counter() - t0
     case = f"halo rows / owned rows: kNN graph of random 3-D points, N={n:,}, k={k}, P={p}"
     base = "random (the baseline)"
-    found: dict[str, tuple[float, float]] = {}
+    found: dict[str, tuple[float, float, float]] = {}
     for method in ("random", "contiguous", "metis"):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         part = partition(ei, p, method=method, num_nodes=n, seed=cfg.seed)
-        found[method] = (time.perf_counter() - t0, part.halo_fraction())
+        found[method] = (time.perf_counter() - t0, time.process_time() - c0, part.halo_fraction())
         del part
     target = {"metis": "target <= 10%", "random": "target >= 70%", "contiguous": ""}
     rows = []
     for method in ("random", "contiguous", "metis"):
-        sec, frac = found[method]
+        sec, cpu, frac = found[method]
         name = base if method == "random" else method
         note = f"halo {100 * frac:.1f}% of owned rows"
         note += f" ({target[method]})" if target[method] else " (ids in random order)"
+        note += f"; {cpu:.1f} s CPU"
         if method == "random":
             note += f"; kNN graph built in {knn_s:.1f} s (cKDTree)"
         rows.append(row(
@@ -173,9 +174,10 @@ def _halo_rows(size: DistSize, cfg: BenchConfig) -> list[dict[str, Any]]:
 def _rank_note(r: dict[str, Any], single_rss: int) -> str:
     layer = statistics.median(r["ms"])
     wait = statistics.median(r["wait_ms"])
+    cpu = f"main thread CPU {statistics.median(r['cpu_ms']):.0f} ms; " if "cpu_ms" in r else ""
     return (
         f"RSS {r['peak_rss'] / single_rss:.2f}x the single process's (target <= 0.35x); "
-        f"exchange wait {wait:.0f} ms ({100 * wait / layer:.0f}% of the layer); "
+        f"exchange wait {wait:.0f} ms ({100 * wait / layer:.0f}% of the layer); {cpu}"
         f"{r['fwd_bytes'] / 1e6:.1f} MB fwd + {r['bwd_bytes'] / 1e6:.1f} MB bwd per layer; "
         f"{r['targets']:,} targets, {r['halo']:,} halo rows, {r['edges']:,} edges"
     )
@@ -205,7 +207,12 @@ def _layer_rows(size: DistSize, cfg: BenchConfig, log: Callable[[str], None] | N
         ranks = _run_ranks(job, p, size.timeout)
     one = statistics.median(single["ms"])
     made_note = (
-        f"one-time partition process: kNN {made['knn_s']:.1f} s, partition "
+        (
+            f"main thread CPU {statistics.median(single['cpu_ms']):.0f} ms; "
+            if "cpu_ms" in single
+            else ""
+        )
+        + f"one-time partition process: kNN {made['knn_s']:.1f} s, partition "
         f"{made['partition_s']:.1f} s, files {made['save_s']:.1f} s, peak RSS "
         f"{made['peak_rss'] / 1e9:.2f} GB; halo {100 * made['halo_fraction']:.1f}% of owned rows"
     )
@@ -244,20 +251,26 @@ def _weak_rows(size: DistSize, cfg: BenchConfig, log: Callable[[str], None] | No
                    "embed": _EMBED, "heads": _HEADS, "reps": size.reps}  # fmt: skip
             _run({**job, "job": "make", "method": "contiguous", "sort": True}, size)
             ranks = _run_ranks(job, p, size.timeout)
-        compute = [
+        # Compute: CPU time of each rank's main thread (the ranks share the cores);
+        # the wall-clock time minus the exchange wait goes in the note.
+        compute = [statistics.median(r["cpu_ms"]) for r in ranks]
+        unblocked = [
             statistics.median(a - b for a, b in zip(r["ms"], r["wait_ms"], strict=True))
             for r in ranks
         ]
         slow = max(compute)
         base_ms = slow if base_ms is None else base_ms
         per = ", ".join(f"{c:.0f}" for c in compute)
+        walls = ", ".join(f"{c:.0f}" for c in unblocked)
         waits = ", ".join(f"{statistics.median(r['wait_ms']):.0f}" for r in ranks)
         rows.append(row(
             "distributed", case, "weak", f"P = {p}", "P = 1", times_ms=[slow], reps=size.reps,
             median_ms=slow, ratio=slow / base_ms,
-            note=f"compute ms per rank: {per}; exchange wait ms: {waits}",
-            mode_label="compute time per rank (slowest rank; layer time minus exchange wait)",
-            compute_ms=compute,
+            note=f"CPU ms per rank: {per}; wall minus exchange wait: {walls}; "
+            f"exchange wait: {waits}",
+            mode_label="compute time per rank: main-thread CPU ms of a forward + backward, "
+            "slowest rank",
+            compute_ms=compute, unblocked_ms=unblocked,
         ))  # fmt: skip
     return rows
 
@@ -276,23 +289,35 @@ def distributed_rows(
 
 
 def _main(argv: list[str]) -> None:
-    """``python -m gnnattn.bench.suites.distributed [--quick] halo|layer|weak ...``: some
-    parts of the suite, each table printed as soon as it is done."""
+    """``python -m gnnattn.bench.suites.distributed [--quick] [FIELD=VALUE ...]
+    halo|layer|weak ...``: some parts of the suite, each table printed as soon as it is
+    done; ``FIELD=VALUE`` changes a size (``layer_nodes=1000000``)."""
+    import dataclasses
+
     from ..report import format_table
 
     cfg = BenchConfig(quick="--quick" in argv, suites=("distributed",))
     size = SIZES["quick" if cfg.quick else "full"]
+    for arg in argv:
+        if "=" in arg:
+            field, value = arg.split("=")
+            change: dict[str, Any] = {field: int(value)}
+            size = dataclasses.replace(size, **change)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
     for name in argv:
         if name == "halo":
-            print(format_table(_halo_rows(size, cfg)), flush=True)
+            rows = _halo_rows(size, cfg)
         elif name == "layer":
-            print(format_table(_layer_rows(size, cfg, log)), flush=True)
+            rows = _layer_rows(size, cfg, log)
         elif name == "weak":
-            print(format_table(_weak_rows(size, cfg, log)), flush=True)
+            rows = _weak_rows(size, cfg, log)
+        else:
+            continue
+        print(format_table(rows), flush=True)
+        print(json.dumps(rows), flush=True)
 
 
 if __name__ == "__main__":  # pragma: no cover - the suite's parts, one at a time

@@ -59,15 +59,16 @@ def _make(args: dict[str, Any]) -> dict[str, Any]:
     out = Path(args["folder"])
     out.mkdir(parents=True, exist_ok=True)
     torch.save({"edge_index": ei, "num_nodes": n}, out / "graph.pt")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     part = partition(ei, p, method=args["method"], num_nodes=n, seed=args["seed"])
-    partition_s = time.perf_counter() - t0
+    partition_s, partition_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     del ei
     t0 = time.perf_counter()
     part.save(out)
     save_s = time.perf_counter() - t0
     return {
-        "knn_s": knn_s, "partition_s": partition_s, "save_s": save_s,
+        "knn_s": knn_s, "partition_s": partition_s, "partition_cpu_s": partition_cpu_s,
+        "save_s": save_s,
         "halo_fraction": part.halo_fraction(), "peak_rss": peak_rss(),
     }  # fmt: skip
 
@@ -82,19 +83,25 @@ def _layer(args: dict[str, Any]) -> Any:
     return layer.train()
 
 
-def _time_fwdbwd(layer: Any, x: Any, graph: Any, g: Any, reps: int, sync: Any) -> list[float]:
-    """A warm-up forward + backward, then ``reps`` timed ones (ms), ``sync()`` before each."""
-    ms = []
+def _time_fwdbwd(
+    layer: Any, x: Any, graph: Any, g: Any, reps: int, sync: Any
+) -> tuple[list[float], list[float]]:
+    """A warm-up forward + backward, then ``reps`` timed ones, ``sync()`` before each:
+    wall-clock ms, and ms of CPU time of this (the main) thread, which on a machine
+    with more runnable threads than cores leaves out the time the thread waited for a
+    core (and the time it was blocked in the exchange)."""
+    ms, cpu_ms = [], []
     for i in range(reps + 1):
         x.grad = None
         for prm in layer.parameters():
             prm.grad = None
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         layer(x, graph).backward(g)
         if i:
             ms.append((time.perf_counter() - t0) * 1e3)
-    return ms
+            cpu_ms.append((time.thread_time() - c0) * 1e3)
+    return ms, cpu_ms
 
 
 def _single(args: dict[str, Any]) -> dict[str, Any]:
@@ -110,8 +117,8 @@ def _single(args: dict[str, Any]) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(args["seed"] + 41)
     x = torch.randn(n, args["embed"], generator=gen).requires_grad_()
     g = torch.randn(n, args["embed"], generator=gen)
-    ms = _time_fwdbwd(_layer(args), x, graph, g, args["reps"], lambda: None)
-    return {"ms": ms, "peak_rss": peak_rss(), "edges": graph.num_edges}
+    ms, cpu_ms = _time_fwdbwd(_layer(args), x, graph, g, args["reps"], lambda: None)
+    return {"ms": ms, "cpu_ms": cpu_ms, "peak_rss": peak_rss(), "edges": graph.num_edges}
 
 
 class _Timed:
@@ -170,12 +177,13 @@ def _rank(args: dict[str, Any]) -> dict[str, Any]:
             dist.barrier()
             waits.append(clock[0])
 
-        ms = _time_fwdbwd(layer, x, part, g, args["reps"], sync)
+        ms, cpu_ms = _time_fwdbwd(layer, x, part, g, args["reps"], sync)
         waits.append(clock[0])
         wait_ms = [(b - a) * 1e3 for a, b in zip(waits[1:-1], waits[2:], strict=True)]
         calls = args["reps"] + 1
         return {
-            "ms": ms, "wait_ms": wait_ms, "peak_rss": peak_rss(), "rss_start": rss_start,
+            "ms": ms, "cpu_ms": cpu_ms, "wait_ms": wait_ms, "peak_rss": peak_rss(),
+            "rss_start": rss_start,
             "fwd_bytes": part.traffic["forward"] // calls,
             "bwd_bytes": part.traffic["backward"] // calls,
             "targets": part.num_targets, "halo": int(part.halo.numel()),
