@@ -88,9 +88,13 @@ def _run(job: dict[str, Any], size: DistSize) -> dict[str, Any]:
         from .distributed_worker import JOBS
 
         return JOBS["make"]({k: v for k, v in job.items() if k != "job"})
-    timeout = size.timeout
     cmd = [sys.executable, "-m", _WORKER, json.dumps(job)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    # The threads the job asks for, numba's kernels included (default: every core).
+    threads = str(job.get("threads", 1))
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "NUMBA_NUM_THREADS": threads}
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=size.timeout, check=False, env=env
+    )
     if res.returncode != 0:
         last = (res.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"{job['job']} exited {res.returncode}: {last[:200]}")
