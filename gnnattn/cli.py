@@ -298,12 +298,83 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if res.ok else 1
 
 
+def _read_graph(path: str) -> tuple[Any, int | None]:
+    """``(edge_index, num_nodes)`` from a ``torch.save`` file: a ``[2, E]`` integer tensor,
+    or a dict with ``"edge_index"`` and optionally ``"num_nodes"``."""
+    import torch
+
+    try:
+        data = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:  # pickle, zip and I/O errors alike: not a torch.save file
+        raise ValueError(f"could not read {path!r} as a torch.save file: {err}") from None
+    num_nodes = None
+    if isinstance(data, dict):
+        if "edge_index" not in data:
+            raise ValueError(
+                f"expected a dict with 'edge_index' in {path!r}, got keys {list(data)}"
+            )
+        num_nodes = data.get("num_nodes")
+        if num_nodes is not None and (
+            isinstance(num_nodes, bool) or not isinstance(num_nodes, int)
+        ):
+            raise ValueError(f"expected 'num_nodes' an int in {path!r}, got {num_nodes!r}")
+        data = data["edge_index"]
+    if not isinstance(data, torch.Tensor):
+        raise ValueError(
+            f"expected a [2, E] edge_index tensor (or a dict holding one) in {path!r}, "
+            f"got {type(data).__name__}"
+        )
+    if data.dim() != 2 or data.shape[0] != 2 or data.is_floating_point() or data.is_complex():
+        raise ValueError(
+            f"expected an integer edge_index of shape [2, E] in {path!r}, "
+            f"got {data.dtype} of shape {list(data.shape)}"
+        )
+    return data.long(), num_nodes
+
+
+def _cmd_partition(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+
+    from .distributed import partition
+
+    edge_index, num_nodes = _read_graph(args.graph)
+    t0 = time.perf_counter()
+    try:
+        part = partition(edge_index, args.parts, method=args.method, num_nodes=num_nodes,
+                         causal=args.causal, seed=args.seed)  # fmt: skip
+    except ImportError as err:  # METIS without pymetis
+        raise ValueError(str(err)) from None
+    seconds = time.perf_counter() - t0
+    graph = part.graph
+    print(
+        f"{args.graph}: N={graph.num_dst:,} targets, {graph.num_edges:,} edges"
+        + (" (causal)" if graph.is_causal else "")
+        + f"; {args.method} into {args.parts} parts in {seconds:.1f} s"
+    )
+    paths = part.save(args.out)
+    src, dst = graph.edge_index
+    targets = torch.bincount(part.owner, minlength=args.parts)
+    edges = torch.bincount(part.owner[dst], minlength=args.parts)
+    remote = part.src_owner[src] != part.owner[dst]
+    key = torch.unique(part.owner[dst[remote]] * graph.num_src + src[remote])
+    halo = torch.bincount(key // graph.num_src, minlength=args.parts)
+    for r, path in enumerate(paths):
+        print(
+            f"rank {r}: {int(targets[r]):,} targets, {int(halo[r]):,} halo rows, "
+            f"{int(edges[r]):,} edges -> {path}"
+        )
+    print(f"halo rows / owned rows: {100 * part.halo_fraction():.1f}%")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gnnattn", description="Transformer self-attention as message passing over a graph."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_check, _add_bench, _add_compare, _add_demo):
+    for add in (_add_check, _add_bench, _add_compare, _add_demo, _add_partition):
         add(sub)
     return parser
 
@@ -426,6 +497,42 @@ def _add_demo(sub: Any) -> None:
     )
     demo.add_argument("--seed", type=_SEED, default=0, help="seed of the layer (default 0)")
     demo.set_defaults(func=_cmd_demo)
+
+
+def _in_file(text: str) -> str:
+    """An argparse ``type=``: a file that exists."""
+    if not os.path.isfile(text):
+        what = "a folder" if os.path.isdir(text) else "not there"
+        raise argparse.ArgumentTypeError(f"expected a graph file, got {text!r} ({what})")
+    return text
+
+
+#: ``gnnattn partition --method`` (``gnnattn.distributed.METHODS``, not imported here:
+#: ``gnnattn --help`` stays free of torch).
+PARTITION_METHODS = ("metis", "contiguous", "random")
+
+
+def _add_partition(sub: Any) -> None:
+    part = sub.add_parser(
+        "partition",
+        help="split a graph over P ranks once and write one file per rank (GraphPart.load)",
+        description="Reads GRAPH, a torch.save file of a [2, E] integer edge_index (source "
+        "row 0, target row 1) or of a dict {'edge_index': ..., 'num_nodes': N} (N optional: "
+        "else the largest id + 1), splits it by target and writes part-R-of-P.pt for each "
+        "rank R into --out; each rank then reads only its own file with "
+        "gnnattn.distributed.GraphPart.load.",
+    )
+    part.add_argument("graph", type=_in_file, help="the graph file (torch.save)")
+    part.add_argument("--parts", type=_int_in(1, 1 << 16), required=True, help="P, the ranks")
+    part.add_argument(
+        "--method", choices=PARTITION_METHODS, default="metis", help="how to split (default metis)"
+    )
+    part.add_argument("--causal", action="store_true", help="keep only the edges j <= i")
+    part.add_argument("--seed", type=_SEED, default=0, help="seeds METIS and random (default 0)")
+    part.add_argument(
+        "--out", type=_out_dir, required=True, help="folder for the part files, made if missing"
+    )
+    part.set_defaults(func=_cmd_partition)
 
 
 def _suites() -> tuple[str, ...]:

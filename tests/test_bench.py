@@ -18,7 +18,7 @@ def test_bench_quick_writes_json(tmp_path, capsys):
     assert out.count("--quick: smoke-test sizes") == 2 and "NOT meaningful" in out
 
     result = json.loads(path.read_text())
-    quick = [s for s in SUITES if s != "scale"]
+    quick = [s for s in SUITES if s not in ("scale", "distributed")]
     assert result["suites"] == quick == list(default_suites())
     assert result["machine"]["torch"] and result["machine"]["threads"] >= 1
     assert "loadavg" in result["machine"]

@@ -2,7 +2,9 @@
 
 ``gnnattn bench --suite NAME`` takes its choices from :data:`REGISTRY`; a
 suite with a ``flag`` runs only when that flag is given (``scale``: minutes
-and about 6 GB), never in ``--quick``.
+and about 6 GB), never in ``--quick``; a suite with ``flag="suite"``
+(``distributed``: processes of its own, and at full size tens of minutes and
+about 10 GB) runs only when named with ``--suite``, quick or not.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 from ..harness import BenchConfig, Case
 from .dense import causal_cases, complete_cases, edge_index_cases
+from .distributed import distributed_rows
 from .limit import limit_cases
 from .models import model_cases
 from .pyg import pyg_cases
@@ -61,6 +64,9 @@ REGISTRY: tuple[Suite, ...] = (
           rows=train_rows),
     Suite("scale", "N = 1M forward + backward: time and peak RSS (--scale only)",
           rows=scale_rows, flag="scale"),
+    Suite("distributed", "one graph over P = 4 gloo ranks: halo fraction by partitioner; "
+          "peak RSS, exchange wait and bytes per rank vs one process; weak scaling "
+          "(only with --suite distributed)", rows=distributed_rows, flag="suite"),
 )  # fmt: skip
 
 #: Every suite name, in the order they run.
@@ -68,5 +74,6 @@ SUITES: tuple[str, ...] = tuple(s.name for s in REGISTRY)
 
 
 def default_suites(*, scale: bool = False) -> tuple[str, ...]:
-    """The suites a run without ``--suite`` makes: all but the flagged ones, unless flagged."""
+    """The suites a run without ``--suite`` makes: all but the flagged ones (``scale`` with
+    ``scale=True``)."""
     return tuple(s.name for s in REGISTRY if s.flag is None or (s.flag == "scale" and scale))
