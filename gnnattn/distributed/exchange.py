@@ -5,7 +5,7 @@ asynchronous ``all_to_all_single`` with split sizes and returns the buffer it
 fills; :func:`exchange_finish` waits for it. Between the two, the caller
 computes what does not need the halo. Backward, the halo rows' gradients make
 the reverse trip in one ``all_to_all_single`` and are added to their owners'
-rows with ``index_add``.
+rows (the backward of the indexing that picked them: an ``index_add``).
 
 Every rank must take part in every exchange, in the same order: each layer
 exchanges once in the forward and once in the backward, so every rank must
@@ -53,15 +53,15 @@ def _all_to_all(out: Tensor, inp: Tensor, out_counts: list[int], in_counts: list
 
 class _Start(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, rows: Tensor, part: GraphPart, pending: _Pending) -> Tensor:
-        send = rows[part.send_index.to(rows.device)].contiguous()  # (S_r, F)
-        recv = rows.new_empty(sum(part.recv_counts), rows.shape[1])  # (H_r, F)
+    def forward(ctx: Any, send: Tensor, part: GraphPart, pending: _Pending) -> Tensor:
+        send = send.contiguous()  # (S_r, F), by destination rank
+        recv = send.new_empty(sum(part.recv_counts), send.shape[1])  # (H_r, F)
         pending.send = send
         pending.work = _all_to_all(
             recv, send, part.recv_counts, part.send_counts, part.group, async_op=True
         )
         part.traffic["forward"] += send.numel() * send.element_size()
-        ctx.part, ctx.num_rows = part, rows.shape[0]
+        ctx.part = part
         return recv
 
     @staticmethod
@@ -71,10 +71,9 @@ class _Start(torch.autograd.Function):
         back = grad.new_empty(sum(part.send_counts), grad.shape[1])  # (S_r, F)
         _all_to_all(back, grad, part.send_counts, part.recv_counts, part.group, async_op=False)
         part.traffic["backward"] += grad.numel() * grad.element_size()
-        out = grad.new_zeros(ctx.num_rows, grad.shape[1])
-        # A row read by several ranks gets each one's gradient, added here.
-        out.index_add_(0, part.send_index.to(grad.device), back)
-        return out, None, None
+        # Row by row the gradient of what was sent; the indexing that picked the
+        # rows adds it to their owners (a row read by several ranks, once per rank).
+        return back, None, None
 
 
 class _Finish(torch.autograd.Function):
@@ -94,11 +93,12 @@ class _Finish(torch.autograd.Function):
         return g_passed, g_recv, None
 
 
-def exchange_start(rows: Tensor, part: GraphPart) -> tuple[Tensor, _Pending]:
-    """Start sending ``rows`` ``[M_r, F]`` to the ranks that read them; returns the
-    ``[H_r, F]`` halo buffer (not to be read before :func:`exchange_finish`)."""
+def exchange_start(send: Tensor, part: GraphPart) -> tuple[Tensor, _Pending]:
+    """Start sending ``send`` ``[S_r, F]`` (the rows of ``part.send_index``, in its order)
+    to the ranks that read them; returns the ``[H_r, F]`` halo buffer (not to be read
+    before :func:`exchange_finish`)."""
     pending = _Pending()
-    return _Start.apply(rows, part, pending), pending
+    return _Start.apply(send, part, pending), pending
 
 
 def exchange_finish(passed: Tensor, recv: Tensor, pending: _Pending) -> tuple[Tensor, Tensor]:

@@ -269,8 +269,11 @@ class GraphPart:
         self._check(q, k, v)
         n_r, m_r, ni = self.num_targets, k.shape[0], self.num_interior
         h, c, cv = q.shape[1], q.shape[2], v.shape[2]
-        kv = torch.cat([k.reshape(m_r, h * c), v.reshape(m_r, h * cv)], 1)  # (M_r, H*(C+Cv))
-        recv, pending = exchange_start(kv, self)
+        # Only the rows to send are packed (one message per layer); the owned
+        # rows are never copied before the boundary attention needs them.
+        idx = self.send_index.to(k.device)
+        send = torch.cat([k.reshape(m_r, h * c)[idx], v.reshape(m_r, h * cv)[idx]], 1)  # (S_r, F)
+        recv, pending = exchange_start(send, self)
         ne = self._layout.num_interior_edges
         edge: dict[str, Any] = {
             "score_bias": score_bias,
@@ -295,9 +298,8 @@ class GraphPart:
         first = attention(q[:ni], k, v, self.interior_graph, **opts, **_rows(edge, slice(ne)))
         first_out = first.out if isinstance(first, AttentionOutput) else first
         first_out, recv = exchange_finish(first_out, recv, pending)
-        full = torch.cat([kv, recv])  # (M_r + H_r, H*(C+Cv))
-        k_all = full[:, : h * c].reshape(-1, h, c)  # (M_r + H_r, H, C)
-        v_all = full[:, h * c :].reshape(-1, h, cv)  # (M_r + H_r, H, Cv)
+        k_all = torch.cat([k, recv[:, : h * c].view(-1, h, c)])  # (M_r + H_r, H, C)
+        v_all = torch.cat([v, recv[:, h * c :].view(-1, h, cv)])  # (M_r + H_r, H, Cv)
         rest = attention(
             q[ni:], k_all, v_all, self.boundary_graph, **opts, **_rows(edge, slice(ne, None))
         )
