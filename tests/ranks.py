@@ -52,6 +52,45 @@ def _kill(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
+def launch_pids(script: Path, out: Path, exclude: int) -> list[int]:
+    """The processes whose command line names ``script`` and ``out``: the ranks of one
+    torchrun launch, found by command line (they are reparented if torchrun dies).
+    Linux only (/proc); elsewhere none are found."""
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if str(script) in argv and str(out) in argv and int(entry.name) != exclude:
+            pids.append(int(entry.name))
+    return pids
+
+
+def kill_launch(proc: subprocess.Popen, script: Path, out: Path) -> None:
+    """SIGKILL torchrun's process group and each rank's: torchrun starts every rank in a
+    session of its own (``start_new_session=True``), so killing torchrun's group alone
+    would leave a hung rank alive."""
+    ranks = launch_pids(script, out, exclude=proc.pid)
+    groups = {proc.pid}  # torchrun leads its group: it was started with start_new_session
+    for pid in ranks:
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            pass
+    groups.discard(os.getpgrp())  # never our own (pytest's) group
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in ranks:  # in case a rank's group was ours after all
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def run_ranks(worker: str, world_size: int, *, timeout: float = 120, **kwargs: Any) -> list[Any]:
     """``worker`` (``"module:function"`` of the tests folder) on ``world_size`` ranks."""
     with tempfile.TemporaryDirectory() as tmp:

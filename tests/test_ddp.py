@@ -3,13 +3,13 @@ resumes bitwise from its checkpoints, and survives a rank's crash under torchrun
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from ranks import kill_launch, launch_pids
 from test_checkpoints import assert_identical, run_in_own_group
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
@@ -18,47 +18,6 @@ FAIL_AT_STEP = "GNNATTN_FAIL_AT_STEP"  # the examples' crash test hook (examples
 # deadlocked tearing down the gloo process group), so one launch proved little.
 LAUNCHES = 4
 LAUNCH_TIMEOUT_S = 120  # a quick launch takes about 10 s on 2 CPU cores
-
-
-def _rank_pids(out: Path, exclude: int) -> list[int]:
-    """The processes whose command line names EXAMPLE and ``out``: the ranks of one launch.
-
-    Found by command line, not as torchrun's children: they are reparented if torchrun dies.
-    Linux only (/proc); elsewhere none are found and only torchrun's group is killed.
-    """
-    pids = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if str(EXAMPLE) in argv and str(out) in argv and int(entry.name) != exclude:
-            pids.append(int(entry.name))
-    return pids
-
-
-def _kill_launch(proc: subprocess.Popen, out: Path) -> None:
-    """SIGKILL torchrun's process group and each rank's: torchrun starts every rank in a
-    session of its own (``start_new_session=True``), so killing torchrun's group alone
-    would leave a hung rank alive."""
-    ranks = _rank_pids(out, exclude=proc.pid)
-    groups = {proc.pid}  # torchrun leads its group: it was started with start_new_session
-    for pid in ranks:
-        try:
-            groups.add(os.getpgid(pid))
-        except ProcessLookupError:
-            pass
-    groups.discard(os.getpgrp())  # never our own (pytest's) group
-    for pgid in groups:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for pid in ranks:  # in case a rank's group was ours after all
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _torchrun(
@@ -84,7 +43,7 @@ def _torchrun(
     try:
         stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        _kill_launch(proc, out)
+        kill_launch(proc, EXAMPLE, out)
         # The ranks hold the pipes too: read them only once every process is dead.
         stdout, stderr = proc.communicate(timeout=30)
         pytest.fail(
@@ -93,7 +52,7 @@ def _torchrun(
         )
     finally:
         if proc.poll() is None:  # an exception other than the timeout, e.g. Ctrl-C
-            _kill_launch(proc, out)
+            kill_launch(proc, EXAMPLE, out)
             proc.wait(timeout=30)
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
@@ -102,7 +61,7 @@ def _torchrun(
 @pytest.mark.parametrize("launch", range(LAUNCHES))
 def test_ddp_two_processes_end_identical(tmp_path, launch):
     proc = _torchrun(tmp_path)
-    assert not _rank_pids(tmp_path, exclude=-1), "a rank outlived torchrun"
+    assert not launch_pids(EXAMPLE, tmp_path, exclude=-1), "a rank outlived torchrun"
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
     result = json.loads(line[len("RESULT ") :])
@@ -165,14 +124,14 @@ def _assert_same_run(reference: Path, out: Path) -> None:
 def test_ddp_interrupted_and_resumed_is_bitwise_the_uninterrupted_run(uninterrupted, tmp_path):
     ckpt = tmp_path / "ddp_ckpt.pt"
     first = _torchrun(tmp_path, *STEPS, "--resume", fail_at_step=FAULT)  # no restarts: gives up
-    assert not _rank_pids(tmp_path, exclude=-1), "a rank outlived torchrun"
+    assert not launch_pids(EXAMPLE, tmp_path, exclude=-1), "a rank outlived torchrun"
     assert first.returncode != 0
     assert f"no checkpoint at {ckpt}: starting fresh" in first.stdout
     assert f"{FAIL_AT_STEP}=15: exiting with status 1" in first.stderr
     assert torch.load(ckpt, weights_only=True)["step"] == 10
     # The same command: resumes, and the marker file keeps the fault from happening again.
     second = _torchrun(tmp_path, *STEPS, "--resume", fail_at_step=FAULT)
-    assert not _rank_pids(tmp_path, exclude=-1), "a rank outlived torchrun"
+    assert not launch_pids(EXAMPLE, tmp_path, exclude=-1), "a rank outlived torchrun"
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resumed from {ckpt} at step 10" in second.stdout
     _assert_same_run(uninterrupted, tmp_path)
@@ -184,7 +143,7 @@ def test_ddp_elastic_restart_ends_with_the_parameters_of_a_run_without_fault(
 ):
     ckpt = tmp_path / "ddp_ckpt.pt"
     proc = _torchrun(tmp_path, *STEPS, "--resume", max_restarts=1, fail_at_step=FAULT)
-    assert not _rank_pids(tmp_path, exclude=-1), "a rank outlived torchrun"
+    assert not launch_pids(EXAMPLE, tmp_path, exclude=-1), "a rank outlived torchrun"
     assert proc.returncode == 0, proc.stderr[-3000:]
     # Rank 1 did crash, torchrun restarted the group, and the group resumed.
     assert (tmp_path / "failed_at_step_15").exists()
@@ -199,7 +158,7 @@ def test_ddp_bad_checkpoint_stops_every_rank_with_the_error(tmp_path):
     ckpt = tmp_path / "ddp_ckpt.pt"
     ckpt.write_bytes(b"PK\x03\x04 half a zip file")
     proc = _torchrun(tmp_path, *STEPS, "--resume")
-    assert not _rank_pids(tmp_path, exclude=-1), "a rank outlived torchrun"
+    assert not launch_pids(EXAMPLE, tmp_path, exclude=-1), "a rank outlived torchrun"
     assert proc.returncode != 0
     # Rank 0 read the file and sent the error to rank 1: both raise it, neither waits for
     # the other. (Counted at least once, not twice: whichever rank exits first, torchrun

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 import test_checkpoints  # noqa: F401  (puts examples/ on sys.path: `import common` below)
 import torch
+from ranks import kill_launch, launch_pids
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "distributed_graph.py"
 CKPT = "distributed_graph_ckpt.pt"
@@ -44,43 +44,6 @@ TIMEOUT_S = 600
 # larger (not measured here: tests/test_distributed.py checks the gradients themselves,
 # in float64, to 1e-10).
 TOL = 1e-4
-
-
-def _ranks_of(out: Path, exclude: int) -> list[int]:
-    """The processes whose command line names EXAMPLE and ``out`` (a launch's ranks, found
-    by command line: they are reparented if torchrun dies; Linux only)."""
-    pids = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if str(EXAMPLE) in argv and str(out) in argv and int(entry.name) != exclude:
-            pids.append(int(entry.name))
-    return pids
-
-
-def _kill(proc: subprocess.Popen, out: Path) -> None:
-    """SIGKILL torchrun's process group and every rank's (torchrun starts each rank in a
-    session of its own)."""
-    ranks = _ranks_of(out, exclude=proc.pid)
-    groups = {proc.pid}
-    for pid in ranks:
-        try:
-            groups.add(os.getpgid(pid))
-        except ProcessLookupError:
-            pass
-    groups.discard(os.getpgrp())
-    for pgid in groups:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for pid in ranks:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 class Launch:
@@ -110,7 +73,7 @@ class Launch:
         try:
             stdout, stderr = self.proc.communicate(timeout=max(deadline - time.monotonic(), 1))
         except subprocess.TimeoutExpired:
-            _kill(self.proc, self.out)
+            kill_launch(self.proc, EXAMPLE, self.out)
             stdout, stderr = self.proc.communicate(timeout=30)
             pytest.fail(
                 f"torchrun did not finish in time (killed)\n--- stdout ---\n{stdout[-2000:]}"
@@ -118,9 +81,9 @@ class Launch:
             )
         finally:
             if self.proc.poll() is None:  # another exception, e.g. Ctrl-C
-                _kill(self.proc, self.out)
+                kill_launch(self.proc, EXAMPLE, self.out)
                 self.proc.wait(timeout=30)
-        assert not _ranks_of(self.out, exclude=-1), "a rank outlived torchrun"
+        assert not launch_pids(EXAMPLE, self.out, exclude=-1), "a rank outlived torchrun"
         return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, stdout, stderr)
 
 
