@@ -45,6 +45,8 @@ GROUPS = {
     "test_ddp.py": "ranks",
     "test_ring.py": "ranks",
     "test_distributed*.py": "ranks",
+    # The examples' runs: not beside a launch of many ranks (one ran 10x slower there).
+    "test_examples.py": "ranks",
     "test_kernels_cpu.py": "cpu-kernels",
     "test_edge_algebra.py": "edge-kernels",
 }

@@ -17,7 +17,9 @@ EXAMPLES = ROOT / "examples"
 
 def run_example(name, tmp_path, *extra):
     cmd = [sys.executable, str(EXAMPLES / name), "--quick", "--out", str(tmp_path), *extra]
-    proc = run_in_own_group(cmd, timeout=300)  # the whole process group dies on a timeout
+    # 50 s alone; on a loaded CI machine (another pytest worker, process launches) several
+    # times that. The whole process group dies on a timeout.
+    proc = run_in_own_group(cmd, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, proc.stdout[-3000:]

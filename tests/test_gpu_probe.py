@@ -45,7 +45,9 @@ def test_gpu_probe_dry_run_writes_every_section(tmp_path):
     assert max(correctness["max_abs_err"].values()) < 1e-4
     assert max(correctness["max_abs_err_options"].values()) < 1e-4
     options = json.loads((tmp_path / "options.json").read_text())
-    assert set(options["fwdbwd"]) == {"plain", "value_bias", "dropout", "value_bias+dropout"}
+    # The dry run times one edge-feature variant (the device run adds one with dropout).
+    expected = {"plain", "value_bias", "dropout", "value_bias+dropout", "edge_attr_F16"}
+    assert set(options["fwdbwd"]) == expected
     assert all("fwdbwd_ms" in row for row in options["fwdbwd"].values()), options
     softmax = json.loads((tmp_path / "softmax.json").read_text())
     assert {r["graph"] for r in softmax["rows"]} == {"degree 32", "hub"}

@@ -27,6 +27,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 __all__ = ["peak_rss"]
@@ -193,7 +194,7 @@ def _rank(args: dict[str, Any]) -> dict[str, Any]:
         dist.destroy_process_group()
 
 
-JOBS = {"make": _make, "single": _single, "rank": _rank}
+JOBS = MappingProxyType({"make": _make, "single": _single, "rank": _rank})
 
 if __name__ == "__main__":  # pragma: no cover - run by the distributed suite
     job = json.loads(sys.argv[1])
