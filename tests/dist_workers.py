@@ -69,12 +69,6 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item() if a.numel() else 0.0
 
 
-def _run(model: torch.nn.Module, case: dict[str, Any], x: Any, graph: Any, ea: Any) -> Any:
-    if case["model"] == "transformer":
-        return model(x, graph, ea)
-    return model(x, graph, ea)
-
-
 def check(cases: list[dict[str, Any]], worlds: list[int]) -> dict[int, list[dict[str, float]]]:
     """Every case on P ranks for each P of ``worlds`` (the first P ranks of the launch, in a
     group of their own: one launch serves every P); per P, this rank's largest differences
@@ -113,7 +107,7 @@ def _check(cases: list[dict[str, Any]], group: Any) -> list[dict[str, float]]:
             ea = torch.randn(ei.shape[1], f, generator=g, dtype=torch.float64, requires_grad=True)
         # One process: the whole graph.
         x_full = (x_src, x_dst) if bip else x_src
-        out = _run(model, case, x_full, graph, ea)
+        out = model(x_full, graph, ea)
         w = torch.randn(out.shape, generator=g, dtype=torch.float64)
         (out * w).sum().backward()
         ref = {
@@ -131,7 +125,7 @@ def _check(cases: list[dict[str, Any]], group: Any) -> list[dict[str, float]]:
         part = _owner(case, graph, world).part(rank, group)
         x_loc = (part.shard_src(x_src), part.shard(x_dst)) if bip else part.shard(x_src)
         ea_loc = part.shard_edges(ea) if ea is not None else None
-        out_p = _run(model, case, x_loc, part, ea_loc)
+        out_p = model(x_loc, part, ea_loc)
         (out_p * part.shard(w)).sum().backward()
         all_reduce_gradients(model, group)
         err = {

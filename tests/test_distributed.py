@@ -94,7 +94,9 @@ def test_parts_hold_every_target_and_edge_once_with_matching_lists(method: str) 
     parts = [p.part(r) for r in range(3)]
     targets = torch.cat([q.targets for q in parts])
     assert torch.equal(targets.sort().values, torch.arange(50))
-    assert torch.equal(torch.cat([q.edge_ids for q in parts]).sort().values, torch.arange(220))
+    assert torch.equal(
+        torch.cat([q.edge_ids for q in parts]).long().sort().values, torch.arange(220)
+    )
     src, dst = graph.edge_index
     for q in parts:
         # Every local edge is an in-edge of an owned target, with its global source.
@@ -140,6 +142,48 @@ def test_a_part_saved_and_loaded_attends_the_same(tmp_path) -> None:
     x = torch.randn(30, 8, dtype=torch.float64)
     whole = conv(x, p.graph)
     assert torch.allclose(conv(loaded.shard(x), loaded), whole[loaded.targets], atol=1e-12)
+
+
+def test_a_part_holds_narrow_indices_and_the_boundary_reads_only_what_it_needs(
+    tmp_path,
+) -> None:
+    # Slabs of a kNN graph of points sorted by x: the boundary targets read a few owned
+    # rows, not all of them.
+    pos = torch.rand(200, 3, generator=torch.Generator().manual_seed(3))
+    pos = pos[pos[:, 0].argsort()]
+    nbr = torch.cdist(pos, pos).topk(6, largest=False).indices  # (N, 6)
+    ei = torch.stack([nbr.reshape(-1), torch.arange(200).repeat_interleave(6)])
+    p = partition(AttentionGraph(ei, 200), 2, method="contiguous")
+    for r in range(2):
+        part = p.part(r)
+        lay = part._layout
+        assert lay.col.dtype == torch.int32 and part.edge_ids.dtype == torch.int32
+        ni, ne, m_r = part.num_interior, lay.num_interior_edges, part.sources.numel()
+        bcol = lay.col[ne:].long()
+        assert torch.equal(part.boundary_sources, torch.unique(bcol[bcol < m_r]))
+        assert 0 < part.boundary_sources.numel() < m_r
+        # The boundary graph's sources, mapped back, are the local edges' sources.
+        bsrc = part.boundary_graph.edge_index[0]
+        back = torch.cat([part.boundary_sources, m_r + torch.arange(part.halo.numel())])
+        assert torch.equal(back[bsrc], bcol)
+        assert part.boundary_graph.num_dst == part.num_targets - ni
+        assert "graph" not in vars(part)  # the whole local graph is made only when asked
+        loaded = GraphPart.load(p.save(tmp_path)[r])
+        assert torch.equal(loaded.global_edge_index, part.global_edge_index)
+
+
+def test_a_corrupt_part_file_is_refused(tmp_path) -> None:
+    p = partition(_random_graph(30, 90), 1, method="random")
+    (path,) = p.save(tmp_path)
+    data = torch.load(path, weights_only=True)
+    data["layout"]["col"] = data["layout"]["col"] + 1000
+    torch.save(data, path)
+    with pytest.raises(ValueError, match="'col' ids in"):
+        GraphPart.load(path)
+    del data["layout"]["col"]
+    torch.save(data, path)
+    with pytest.raises(ValueError, match="partition the graph again"):
+        GraphPart.load(path)
 
 
 def test_one_part_without_torch_distributed_equals_the_layer() -> None:

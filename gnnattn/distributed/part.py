@@ -11,7 +11,9 @@ calls :meth:`GraphPart.attention`, which
 2. meanwhile attends over the *interior* targets (those whose sources are
    all owned: they need nothing from the exchange; they come first in the
    local order),
-3. waits, and attends over the *boundary* targets with the halo rows.
+3. waits, and attends over the *boundary* targets, whose graph reads the
+   owned rows they need (:attr:`GraphPart.boundary_sources`) then the halo
+   rows.
 
 Both attentions are the unchanged :func:`gnnattn.attention`, so every
 backend and option runs as in one process, and every target's numbers are
@@ -22,15 +24,17 @@ go back to their owners in one ``all_to_all_single`` and are added there with
 
 from __future__ import annotations
 
-import copy
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..graphs import AttentionGraph
+from ..graphs.csr import CSR, segment_ids
+from ..kernels.common import check_index, check_ptr
 from ..ops import AttentionOutput, attention
 from .exchange import exchange_finish, exchange_start, group_rank
 
@@ -44,8 +48,11 @@ class _Layout:
     targets: Tensor  # (N_r,) global target ids, interior first
     sources: Tensor  # (M_r,) global ids of the owned sources
     halo: Tensor  # (H_r,) global ids of the halo sources, by owner then id
-    edge_index: Tensor  # (2, E_r) local [src in 0..M_r+H_r, dst in 0..N_r], by target
-    edge_ids: Tensor  # (E_r,) each local edge's position in the graph's given edges
+    # The local edges as a CSR over the targets (a [2, E_r] int64 edge index would
+    # be 4x the bytes of this int32 col: the biggest array a rank holds).
+    ptr: Tensor  # (N_r + 1,) int64
+    col: Tensor  # (E_r,) local source in 0..M_r+H_r, int32 when it fits, by target
+    edge_ids: Tensor  # (E_r,) each local edge's position in the given edges, int32 if it fits
     send_index: Tensor  # (S_r,) local source rows to send, by destination rank then id
     send_counts: list[int]
     recv_counts: list[int]
@@ -91,18 +98,39 @@ def _layout(
     num_interior = int((~boundary[own_t]).sum())
     if graph.input_edges is not None:
         eids = graph.input_edges[eids]  # positions among the edges as given
+    ptr = torch.zeros(targets.numel() + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(ld, minlength=targets.numel()), 0, out=ptr[1:])
     return _Layout(
         targets=targets,
         sources=sources,
         halo=halo,
-        edge_index=torch.stack([ls, ld]),
-        edge_ids=eids,
+        ptr=ptr,
+        col=_narrow(ls, sources.numel() + halo.numel()),
+        edge_ids=_narrow(eids, int(eids.max()) + 1 if eids.numel() else 0),
         send_index=send_index,
         send_counts=send_counts.tolist(),
         recv_counts=recv_counts.tolist(),
         num_interior=num_interior,
         num_interior_edges=int((ld < num_interior).sum()),
     )
+
+
+def _narrow(index: Tensor, bound: int) -> Tensor:
+    """``index`` (ids below ``bound``) as int32 when they fit: the CPU kernels read
+    either width, and half the bytes is half the memory of a rank's biggest array."""
+    return index.to(torch.int32 if bound < 2**31 else torch.int64)
+
+
+def _check(lay: _Layout) -> None:
+    """A loaded layout's CSR against its own sizes (read once, when loaded)."""
+    check_ptr(lay.ptr, lay.col.numel(), "ptr")
+    check_index(lay.col, lay.sources.numel() + lay.halo.numel(), "col")
+    if lay.ptr.numel() != lay.targets.numel() + 1 or lay.edge_ids.numel() != lay.col.numel():
+        raise ValueError(
+            f"Expected a part's arrays of matching sizes, got {lay.targets.numel()} targets "
+            f"for {lay.ptr.numel()} pointers and {lay.edge_ids.numel()} edge ids for "
+            f"{lay.col.numel()} edges"
+        )
 
 
 class GraphPart:
@@ -125,7 +153,12 @@ class GraphPart:
             edges as given to :func:`~gnnattn.distributed.partition`: the
             rows of the edge features this rank needs (:meth:`shard_edges`).
         graph (AttentionGraph): the local graph, ``N_r`` targets over
-            ``M_r + H_r`` sources (``[owned | halo]``).
+            ``M_r + H_r`` sources (``[owned | halo]``), made on first use.
+        interior_graph (AttentionGraph), boundary_graph (AttentionGraph): what
+            attention runs on: the first :attr:`num_interior` targets over the
+            owned sources, and the others over ``[boundary_sources | halo]``.
+        boundary_sources (Tensor): ``[B_r]`` the owned source rows (local ids)
+            that boundary targets read.
         traffic (dict): bytes this rank handed to the exchange, counted per
             direction (``"forward"``, ``"backward"``) since made or reset.
         group: the ``torch.distributed`` process group (default: the world).
@@ -155,13 +188,26 @@ class GraphPart:
         self.group = group
         self.traffic = {"forward": 0, "backward": 0}
         n_r, m_r = layout.targets.numel(), layout.sources.numel()
-        ei, ni, ne = layout.edge_index, layout.num_interior, layout.num_interior_edges
-        self.graph = AttentionGraph(ei, n_r, num_src=m_r + layout.halo.numel())
-        # Interior targets read owned sources only; the boundary ones, shifted
-        # to start at 0, read [owned | halo].
-        self.interior_graph = AttentionGraph(ei[:, :ne], ni, num_src=m_r)
-        bnd = ei[:, ne:] - torch.tensor([[0], [ni]])
-        self.boundary_graph = AttentionGraph(bnd, n_r - ni, num_src=self.graph.num_src)
+        ptr, col = layout.ptr, layout.col
+        ni, ne = layout.num_interior, layout.num_interior_edges
+        # Interior targets read owned sources only: the first rows of the CSR, views.
+        self.interior_graph = AttentionGraph._assembled(
+            ni, m_r, bipartite=True, device=ptr.device, csr=CSR(ptr[: ni + 1], col[:ne], None)
+        )
+        # The boundary targets read [the owned sources they need | halo]: only those
+        # owned rows are copied next to the received ones (not every owned row, whose
+        # copy autograd would keep until the backward).
+        bcol = col[ne:].long()
+        owned = bcol < m_r
+        self.boundary_sources = torch.unique(bcol[owned])  # (B_r,) local owned rows
+        b = self.boundary_sources.numel()
+        where = torch.full((m_r,), -1, dtype=torch.int64, device=ptr.device)
+        where[self.boundary_sources] = torch.arange(b, device=ptr.device)
+        bcol = torch.where(owned, where[bcol.clamp(max=max(m_r - 1, 0))], bcol - m_r + b)
+        bcsr = CSR(ptr[ni:] - ne, _narrow(bcol, b + layout.halo.numel()), None)
+        self.boundary_graph = AttentionGraph._assembled(
+            n_r - ni, b + layout.halo.numel(), bipartite=True, device=ptr.device, csr=bcsr
+        )
 
     @classmethod
     def build(
@@ -205,12 +251,23 @@ class GraphPart:
     def num_edges(self) -> int:
         return self._layout.edge_ids.numel()
 
+    @cached_property
+    def graph(self) -> AttentionGraph:
+        """The local graph, ``N_r`` targets over ``M_r + H_r`` sources (``[owned |
+        halo]``), made on first use (attention runs on its interior and boundary
+        halves, :attr:`interior_graph` and :attr:`boundary_graph`)."""
+        lay = self._layout
+        n_r, m = lay.targets.numel(), lay.sources.numel() + lay.halo.numel()
+        csr = CSR(lay.ptr, lay.col, None)
+        return AttentionGraph._assembled(n_r, m, bipartite=True, device=lay.ptr.device, csr=csr)
+
     @property
     def global_edge_index(self) -> Tensor:
         """``[2, |E_r|]`` the local edges in global node ids."""
+        lay = self._layout
         ids = torch.cat([self.sources, self.halo])
-        ei = self._layout.edge_index
-        return torch.stack([ids[ei[0]], self.targets[ei[1]]])
+        dst = segment_ids(lay.ptr, lay.col.numel())
+        return torch.stack([ids[lay.col.long()], self.targets[dst]])
 
     def shard(self, x: Tensor) -> Tensor:
         """This rank's rows of a full ``[N, ...]`` target tensor (``x[targets]``)."""
@@ -295,14 +352,17 @@ class GraphPart:
             edge_key=edge_key,
             edge_value=edge_value,
         )
-        first = attention(q[:ni], k, v, self.interior_graph, **opts, **_rows(edge, slice(ne)))
+        # Split, not sliced: the backward of split joins the two gradients into one
+        # tensor, where each slice's would be a zero-filled tensor of all N_r rows.
+        q_int, q_bnd = q.split([ni, n_r - ni])
+        e_int, e_bnd = _halves(edge, ne)
+        first = attention(q_int, k, v, self.interior_graph, **opts, **e_int)
         first_out = first.out if isinstance(first, AttentionOutput) else first
         first_out, recv = exchange_finish(first_out, recv, pending)
-        k_all = torch.cat([k, recv[:, : h * c].view(-1, h, c)])  # (M_r + H_r, H, C)
-        v_all = torch.cat([v, recv[:, h * c :].view(-1, h, cv)])  # (M_r + H_r, H, Cv)
-        rest = attention(
-            q[ni:], k_all, v_all, self.boundary_graph, **opts, **_rows(edge, slice(ne, None))
-        )
+        bsrc = self.boundary_sources.to(k.device)
+        k_b = torch.cat([k[bsrc], recv[:, : h * c].view(-1, h, c)])  # (B_r + H_r, H, C)
+        v_b = torch.cat([v[bsrc], recv[:, h * c :].view(-1, h, cv)])  # (B_r + H_r, H, Cv)
+        rest = attention(q_bnd, k_b, v_b, self.boundary_graph, **opts, **e_bnd)
         rest_out = rest.out if isinstance(rest, AttentionOutput) else rest
         out = torch.cat([first_out, rest_out])  # (N_r, H, Cv)
         assert out.shape[0] == n_r
@@ -341,20 +401,10 @@ class GraphPart:
         moved: dict[str, Any] = {
             k: v.to(device) if isinstance(v, Tensor) else v for k, v in vars(self._layout).items()
         }
-        lay = _Layout(**moved)
-        part = copy.copy(self)
-        part._layout = lay
-        part.traffic = {"forward": 0, "backward": 0}
-        part.graph = self.graph.to(device)
-        part.interior_graph = self.interior_graph.to(device)
-        part.boundary_graph = self.boundary_graph.to(device)
-        return part
+        return GraphPart(_Layout(**moved), group=self.group, **self._meta())
 
-    # ------------------------------------------------------------ files
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write this part to ``path`` (read back with :meth:`load`)."""
-        meta = dict(
+    def _meta(self) -> dict[str, Any]:
+        return dict(
             rank=self.rank,
             world_size=self.world_size,
             num_nodes=self.num_nodes,
@@ -362,14 +412,29 @@ class GraphPart:
             bipartite=self.is_bipartite,
             causal=self.causal,
         )
+
+    # ------------------------------------------------------------ files
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write this part to ``path`` (read back with :meth:`load`)."""
         layout = {k: v.cpu() if isinstance(v, Tensor) else v for k, v in vars(self._layout).items()}
-        torch.save({"layout": layout, "meta": meta}, path)
+        torch.save({"layout": layout, "meta": self._meta()}, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, group: Any = None) -> GraphPart:
-        """A part written by :meth:`save` (or :meth:`Partition.save`)."""
+        """A part written by :meth:`save` (or :meth:`Partition.save`); its CSR is
+        checked against its sizes once, here."""
         data = torch.load(path, weights_only=True)
-        return cls(_Layout(**data["layout"]), group=group, **data["meta"])
+        fields = set(_Layout.__dataclass_fields__)
+        if set(data.get("layout", {})) != fields:
+            raise ValueError(
+                f"Expected a file of GraphPart.save() with the arrays {sorted(fields)}, got "
+                f"{sorted(data.get('layout', {}))} in {os.fspath(path)!r} (written by another "
+                f"version? partition the graph again)"
+            )
+        lay = _Layout(**data["layout"])
+        _check(lay)
+        return cls(lay, group=group, **data["meta"])
 
     def __repr__(self) -> str:
         return (
@@ -379,9 +444,13 @@ class GraphPart:
         )
 
 
-def _rows(edge: dict[str, Any], rows: slice) -> dict[str, Any]:
-    """The per-edge options' rows of one of the two attentions (edges are by target)."""
-    return {name: None if t is None else t[rows] for name, t in edge.items()}
+def _halves(edge: dict[str, Any], ne: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The per-edge options' rows of the interior and the boundary attention (edges are
+    by target, the interior's first), split as ``q`` is."""
+    halves = {
+        k: (None, None) if t is None else t.split([ne, t.shape[0] - ne]) for k, t in edge.items()
+    }
+    return {k: h[0] for k, h in halves.items()}, {k: h[1] for k, h in halves.items()}
 
 
 def _cat(a: Tensor | None, b: Tensor | None) -> Tensor | None:

@@ -187,12 +187,13 @@ class AttentionGraph:
         bipartite: bool = False,
         structure: Structure | None = None,
         device: torch.device | str | None = None,
+        csr: CSR | None = None,
     ) -> AttentionGraph:
-        """A graph from parts already checked (builders and views): the one way
-        around :meth:`__init__`'s validation."""
+        """A graph from parts already checked (builders, views, a graph part's CSR):
+        the one way around :meth:`__init__`'s validation."""
         g = cls.__new__(cls)
         dev = torch.device(device or "cpu")
-        g._init(edge_index, num_dst, num_src, bipartite, structure, dev)
+        g._init(edge_index, num_dst, num_src, bipartite, structure, dev, csr=csr)
         return g
 
     @classmethod
