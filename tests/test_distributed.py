@@ -172,6 +172,16 @@ def test_a_part_holds_narrow_indices_and_the_boundary_reads_only_what_it_needs(
         assert torch.equal(loaded.global_edge_index, part.global_edge_index)
 
 
+def test_a_rank_owning_no_sources_reads_the_halo_only() -> None:
+    # Bipartite: every source goes to rank 0 (it owns most of their targets).
+    ei = torch.tensor([[0, 1, 2, 3, 0, 1, 2], [0, 0, 1, 1, 2, 4, 5]])
+    p = Partition(AttentionGraph(ei, 6, num_src=4), torch.tensor([0, 0, 0, 0, 1, 1]), 2)
+    part = p.part(1)
+    assert part.sources.numel() == 0 and part.boundary_sources.numel() == 0
+    assert torch.equal(part.halo[part.boundary_graph.edge_index[0]], torch.tensor([1, 2]))
+    assert torch.equal(part.global_edge_index, torch.tensor([[1, 2], [4, 5]]))
+
+
 def test_a_corrupt_part_file_is_refused(tmp_path) -> None:
     p = partition(_random_graph(30, 90), 1, method="random")
     (path,) = p.save(tmp_path)

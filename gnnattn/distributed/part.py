@@ -203,8 +203,9 @@ class GraphPart:
         b = self.boundary_sources.numel()
         where = torch.full((m_r,), -1, dtype=torch.int64, device=ptr.device)
         where[self.boundary_sources] = torch.arange(b, device=ptr.device)
-        bcol = torch.where(owned, where[bcol.clamp(max=max(m_r - 1, 0))], bcol - m_r + b)
-        bcsr = CSR(ptr[ni:] - ne, _narrow(bcol, b + layout.halo.numel()), None)
+        local = bcol - m_r + b  # halo rows follow the B_r owned ones
+        local[owned] = where[bcol[owned]]
+        bcsr = CSR(ptr[ni:] - ne, _narrow(local, b + layout.halo.numel()), None)
         self.boundary_graph = AttentionGraph._assembled(
             n_r - ni, b + layout.halo.numel(), bipartite=True, device=ptr.device, csr=bcsr
         )
