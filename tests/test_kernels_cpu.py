@@ -448,6 +448,31 @@ def test_source_pass_with_value_bias_alone_gathers_its_rows():
     assert_close(dv, full[2], TOL64)
 
 
+def test_source_pass_from_stored_weights_matches_recomputation():
+    # attention_bwd has the destination pass store P = alpha * f beside dS ([E, 2H])
+    # and the source pass read both; given dS alone it recomputes the weights
+    # (and the dropout mask): the same dk, dv, and P is the dropped weight.
+    q, k, v, ptr, col, bias, vb = edge_inputs("ragged", F64, True, True)
+    out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, value_bias=vb, dropout=DROP)
+    g = torch.randn_like(out)
+    kw = dict(value_bias=vb, dropout=DROP)
+    dst = backward._bwd_dst(q, k, v, lse, g, ptr, col, 0.3, bias, **kw, weights=True)
+    ld, ds, dsp = dst[1], dst[2], dst[6]
+    nh = q.shape[1]
+    assert dsp is not None and dsp.shape == (col.numel(), 2 * nh)
+    assert torch.equal(ds, dsp[:, :nh])
+    alpha = ref.attention_weights(q, k, ptr, col, 0.3, lse, bias)
+    keep = common.dropout_keep(DROP, col.numel(), nh, q.device)
+    assert_close(dsp[:, nh:], alpha * keep / (1 - DROP.p), TOL64)
+    csc = transpose_csr(ptr, col, k.shape[0])
+    a = cpu.attention_bwd_src(q, k, v, ld, g, csc, 0.3, bias, **kw, ds=ds.contiguous())
+    b = cpu.attention_bwd_src(q, k, v, ld, g, csc, 0.3, bias, **kw, ds=dsp)
+    assert_close(a[0], b[0], TOL64)
+    assert_close(a[1], b[1], TOL64)
+    # Without a stored dS (no bias, value bias or edge features) nothing is kept.
+    assert backward._bwd_dst(q, k, v, lse, g, ptr, col, 0.3, weights=True)[6] is None
+
+
 def test_dropout_zero_is_no_dropout():
     q, k, v, ptr, col, bias, _ = edge_inputs("ragged", F64, True, False)
     none = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias)

@@ -24,6 +24,15 @@ FlashAttention's recomputation: the weights come back from the forward's
   threads write one row and no atomics are needed. The per-edge options
   (bias, value bias, dropout counter) are read at the edge's CSR position
   ``tperm[t]``.
+* Source pass from stored weights: where the destination pass writes ``dS``
+  anyway (a bias, a value bias, edge features), :func:`attention_bwd`
+  has it also write the dropped weight ``P_ij = alpha_ij f_ij``, interleaved
+  with ``dS`` in one ``[E, 2H]`` array (its first sweep has ``alpha`` and
+  ``f`` in hand). The source pass then reads per edge ``q_i`` and ``dout_i``
+  (2 gathered rows) and the one cache line of ``(dS_ij, P_ij)`` at
+  ``tperm[t]``: ``dk_j = scale sum_i dS_ij q_i``, ``dv_j = sum_i P_ij
+  dout_i``, with no score, ``exp``, dropout hash or ``(lse_i, D_i)`` line,
+  and none of the edge query's or edge features' reads below.
 
 **Edge features** (``ea`` ``[E, F]`` in CSR order, the edge query ``eq``
 ``[N, H*F]``, the gradient ``gg`` ``[N, H*F]`` of the forward's ``edge_out``):
@@ -32,12 +41,14 @@ the score gains ``eq_i . ea_ij`` and ``dp_ij`` gains ``f_ij gg_i . ea_ij``
 ``alpha`` as ``v``'s does), and the destination pass, which reads ``ea_ij``
 in order anyway, also accumulates ``d eq_i = sum_j dS_ij ea_ij`` per target
 and writes ``d ea_ij = sum_h dS_ij^h eq_i^h + alpha_ij^h f_ij^h gg_i^h`` per
-edge. The source pass then reads the stored ``dS`` (as with a value bias)
-and needs only the score's edge term: ``eq_i`` (one more gathered row of
-``H*F``) and ``ea`` at the edge's CSR position.
+edge. The source pass then reads the stored ``dS`` and ``P`` (above);
+called with an ``[E, H]`` ``dS`` alone it needs the score's edge term too:
+``eq_i`` (one more gathered row of ``H*F``) and ``ea`` at the edge's CSR
+position.
 
-So the backward makes no ``[E, H]`` arrays (without edge features) and does
-not need the forward's output. ``D_i`` is the ratio of two sums over the
+So the backward makes no ``[E, H]`` arrays without a bias, a value bias or
+edge features (dropout alone included: its mask is rehashed) and does not
+need the forward's output. ``D_i`` is the ratio of two sums over the
 edges rather than ``dout_i . out_i``: ``sum_j alpha_ij`` is 1 up to the
 rounding of ``lse``, and dividing by the computed sum removes that rounding,
 so ``dS`` is exactly 0 where every edge of a target carries the same ``dp``.
@@ -81,10 +92,12 @@ _CACHE = 512
 @numba.njit(**_INLINE)
 def _dst_delta(
     q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, col, s0, e0, scale, wa, wp,
-    dl, dvb,
+    dl, dvb, dbias,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Partial sums of ``D_i`` over ``s0:e0``: ``dl[h] = sum_j alpha_ij dp_ij``,
-    ``dl[H + h] = sum_j alpha_ij``; writes the value bias's gradient.
+    ``dl[H + h] = sum_j alpha_ij``; writes the value bias's gradient, and the
+    dropped weight ``P_ij = alpha_ij f_ij`` into ``dbias[e, H + h]`` when
+    ``dbias`` has those columns (``[E, 2H]``: see the module docstring).
 
     ``D_i`` is their ratio (see :func:`_delta`). Keeps ``alpha`` and ``dp``
     in ``wa``/``wp`` when the edges fit.
@@ -95,6 +108,7 @@ def _dst_delta(
     zero = q.dtype.type(0)
     one = q.dtype.type(1)
     cached = e0 - s0 <= wa.shape[1]
+    keep_p = dbias.shape[1] > nh
     dl[:] = zero
     s0 = s0 & _NN
     for t in range(e0 - s0):
@@ -110,6 +124,8 @@ def _dst_delta(
             f = _factor(key, dscale, e, h, nh, one)
             dp = _add_g(_msg_dot(dout, i, v, j, vb, e, h * cv, cv), gg, i, ea, e, h) * f
             _vb_grad(dvb, e, a * f, dout, i, h * cv, cv)
+            if keep_p:
+                dbias[e, nh + h] = a * f
             dl[h] += a * dp
             dl[nh + h] += a
             if cached:
@@ -226,7 +242,7 @@ def _bwd_dst_kernel(
                 continue  # a hub: _bwd_dst_pieces_kernel
             _dst_delta(
                 q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, col, s0, e0,
-                scale, wa, wp, dl, dvb,
+                scale, wa, wp, dl, dvb, dbias,
             )  # fmt: skip
             _delta(dl, ld, i)
             acc[:] = zero
@@ -257,7 +273,7 @@ def _bwd_dst_pieces_kernel(
     for x in prange(npc):
         _dst_delta(
             q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg,
-            col, pieces[x, 1], pieces[x, 2], scale, nokeep, nokeep, pd[x], dvb,
+            col, pieces[x, 1], pieces[x, 2], scale, nokeep, nokeep, pd[x], dvb, dbias,
         )  # fmt: skip
     for s in prange(seg.shape[0] - 1):
         dl = np.zeros(2 * nh, dtype=q.dtype)
@@ -373,3 +389,71 @@ def _bwd_src_pieces_kernel(
             for x in range(seg[s] & _NN, seg[s + 1]):
                 d += pv[x, c]
             dv[j, c] = d
+
+
+@numba.njit(**_INLINE)
+def _src_kept_segment(q, dout, dsp, trow, tperm, t0, t1, scale, ak, av):  # pragma: no cover
+    """:func:`_src_segment` from the stored ``dS`` and ``P`` (``dsp`` ``[E, 2H]``).
+
+    ``dk_j += scale dS_ij q_i`` and ``dv_j += P_ij dout_i``: no score, no
+    ``exp``, no dropout hash, no row of ``lse``/``D``, of the edge query or of
+    the edge features; per edge the two gathered rows and one line of ``dsp``.
+    """
+    nh = dsp.shape[1] // 2
+    cq = q.shape[1] // nh
+    cv = dout.shape[1] // nh
+    for t in range(t0 & _NN, t1):
+        if t + _AHEAD < trow.shape[0]:
+            ii = trow[t + _AHEAD] & _NN
+            _prefetch_row(q, ii)
+            _prefetch_row(dout, ii)
+            _prefetch_row(dsp, tperm[t + _AHEAD] & _NN)
+        i = trow[t] & _NN
+        e = tperm[t] & _NN
+        for h in range(nh):
+            _axpy(av, dsp[e, nh + h], dout, i, h * cv, cv)
+            _axpy(ak, dsp[e, h] * scale, q, i, h * cq, cq)
+
+
+@numba.njit(**_JIT)
+def _bwd_src_kept_kernel(
+    q, dout, dsp, tptr, trow, tperm, scale, bounds, limit, dk, dv
+):  # pragma: no cover - compiled
+    nh = dsp.shape[1] // 2
+    cq = q.shape[1] // nh
+    cv = dout.shape[1] // nh
+    zero = q.dtype.type(0)
+    for ch in prange(bounds.shape[0] - 1):
+        ak = np.empty(nh * cq, dtype=q.dtype)
+        av = np.empty(nh * cv, dtype=q.dtype)
+        for j in range(bounds[ch] & _NN, bounds[ch + 1]):
+            t0, t1 = tptr[j], tptr[j + 1]
+            if t1 - t0 > limit:
+                continue  # a hub: _bwd_src_kept_pieces_kernel
+            ak[:] = zero
+            av[:] = zero
+            _src_kept_segment(q, dout, dsp, trow, tperm, t0, t1, scale, ak, av)
+            for c in range(nh * cq):
+                dk[j, c] = ak[c]
+            for c in range(nh * cv):
+                dv[j, c] = av[c]
+
+
+@numba.njit(**_JIT)
+def _bwd_src_kept_pieces_kernel(
+    q, dout, dsp, trow, tperm, scale, pieces, seg, dk, dv
+):  # pragma: no cover - compiled
+    nh = dsp.shape[1] // 2
+    cq = q.shape[1] // nh
+    cv = dout.shape[1] // nh
+    npc = pieces.shape[0]
+    pk = np.zeros((npc, nh * cq), dtype=q.dtype)
+    pv = np.zeros((npc, nh * cv), dtype=q.dtype)
+    for x in prange(npc):
+        _src_kept_segment(
+            q, dout, dsp, trow, tperm, pieces[x, 1], pieces[x, 2], scale, pk[x], pv[x]
+        )
+    for s in prange(seg.shape[0] - 1):
+        j = pieces[seg[s], 0] & _NN
+        _sum_rows(dk, j, pk, seg[s], seg[s + 1])
+        _sum_rows(dv, j, pv, seg[s], seg[s + 1])

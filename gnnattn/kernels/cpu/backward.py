@@ -14,6 +14,8 @@ from ..common import Dropout, acc_dtype
 from ._bwd_kernels import (
     _bwd_dst_kernel,
     _bwd_dst_pieces_kernel,
+    _bwd_src_kept_kernel,
+    _bwd_src_kept_pieces_kernel,
     _bwd_src_kernel,
     _bwd_src_pieces_kernel,
 )
@@ -91,14 +93,25 @@ def _bwd_dst(
     edge_attr: Tensor | None = None,
     edge_query: Tensor | None = None,
     grad_edge_out: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    weights: bool = False,
+) -> tuple[
+    Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None, Tensor | None
+]:
     """:func:`attention_bwd_dst` with the edge features of :func:`attention_bwd`.
+
+    With ``weights`` (and a stored ``dS``: a bias, a value bias or edge
+    features) the pass also stores the dropped weights ``P_ij = alpha_ij
+    f_ij`` beside ``dS``, one ``[E, 2H]`` array (``dS`` in ``[:, :H]``,
+    ``P`` in ``[:, H:]``): the source pass, given it as ``ds=``, then reads
+    one cache line per edge instead of recomputing the weights.
 
     Returns:
         those of :func:`attention_bwd_dst` (``dS`` also with edge features:
-        the source pass reads it as ``ds=`` then), then ``dedge_attr``
-        ``[E, F]`` and ``dedge_query`` ``[N, H, F]`` in the compute dtype
-        (``None`` without ``edge_attr``, resp. ``edge_query``).
+        the source pass reads it as ``ds=`` then; with ``weights`` a view of
+        the ``[E, 2H]`` array), then ``dedge_attr`` ``[E, F]`` and
+        ``dedge_query`` ``[N, H, F]`` in the compute dtype (``None`` without
+        ``edge_attr``, resp. ``edge_query``), then the ``[E, 2H]`` array
+        (``None`` without ``weights`` or without a stored ``dS``).
     """
     e = _check_qkv(q, k, v, bias, ptr, col)
     n, nh, cq = q.shape
@@ -124,7 +137,11 @@ def _bwd_dst(
     ld[:, nh:] = 0
     # The pass writes every edge's row of these (and every target's of deq).
     keep_ds = bias is not None or value_bias is not None or edge_attr is not None
-    ds = torch.empty(e, nh, dtype=dt) if keep_ds else None
+    weights = weights and keep_ds
+    # dS and P interleaved per edge: the source pass reads both at the edge's
+    # CSR position, a random row, so side by side they cost one cache line.
+    dsp = torch.empty(e, 2 * nh, dtype=dt) if weights else None
+    ds = dsp[:, :nh] if dsp is not None else torch.empty(e, nh, dtype=dt) if keep_ds else None
     dvb = torch.empty(e, nh * cv, dtype=dt) if value_bias is not None else None
     dea = alloc(e, nf, dtype=dt) if edge_attr is not None else None
     deq = alloc(n, nh * nf, dtype=dt) if edge_query is not None else None
@@ -132,7 +149,10 @@ def _bwd_dst(
         qq, kk, vv, go = _rows(q, dt), _rows(k, dt), _rows(v, dt), _rows(grad_out, dt)
         ll = lse.detach().to(dt).contiguous().numpy()
         bb, sc = _bias(bias, dt, nh), _scalar(scale, dt)
-        dd = ds.numpy() if ds is not None else np.empty((0, nh), _np_dtype(dt))
+        if dsp is not None:
+            dd = dsp.numpy()
+        else:
+            dd = ds.numpy() if ds is not None else np.empty((0, nh), _np_dtype(dt))
         vb, key, dscale = _option_args(value_bias, drop, dt)
         ea, eq, gg = (
             _opt_rows(edge_attr, dt),
@@ -152,7 +172,7 @@ def _bwd_dst(
         dea.zero_()  # no head: no term
     dvb_out = dvb.view(e, nh, cv) if dvb is not None else None
     deq_out = deq.view(n, nh, nf) if deq is not None else None
-    return dq.view(n, nh, cq), ld, ds, dvb_out, dea, deq_out
+    return dq.view(n, nh, cq), ld, ds, dvb_out, dea, deq_out, dsp
 
 
 def attention_bwd_src(
@@ -186,7 +206,13 @@ def attention_bwd_src(
             read per edge (one cache line) instead of recomputed, and then
             ``value_bias`` is not read (it enters only through ``dS``).
             :func:`attention_bwd` passes it when there is a value bias, whose
-            rows this pass would otherwise gather per edge.
+            rows this pass would otherwise gather per edge. Or ``[E, 2H]``,
+            ``dS`` and the dropped weights ``P_ij = alpha_ij f_ij`` side by
+            side (as :func:`attention_bwd` has the destination pass store
+            them): then ``dk_j = scale sum_i dS_ij q_i`` and ``dv_j = sum_i
+            P_ij dout_i`` from them alone, and ``k``, ``v``, ``ld``, ``bias``,
+            ``value_bias``, ``dropout``, ``edge_attr`` and ``edge_query`` are
+            checked but not read.
         csc_plan: ``plan(tptr, trow, N, perm=tperm)``; made without ``perm``
             it serves calls with ``bias``, ``value_bias``, ``dropout`` or ``ds``
             only together with ``csc`` (whose ``tperm`` is then used unchecked).
@@ -222,8 +248,9 @@ def attention_bwd_src(
         perm = _companion_perm(csc, m, e)
     if bias is not None:
         _check_rows("bias", bias, (e, nh))
+    kept = ds is not None and ds.ndim == 2 and ds.shape[1] == 2 * nh and nh > 0
     if ds is not None:
-        _check_rows("ds", ds, (e, nh))
+        _check_rows("ds", ds, (e, 2 * nh) if kept else (e, nh))
         value_bias = None  # it enters this pass only through dS
     elif edge_attr is not None:
         raise ValueError("Expected 'ds' from attention_bwd_dst with 'edge_attr', got None")
@@ -250,6 +277,18 @@ def attention_bwd_src(
         ea, eq = _opt_rows(edge_attr, dt), _opt_rows(edge_query, dt)
         del nf
         w = pl.work
+        if kept:
+            # dS and P stored: nothing to recompute (see _src_kept_segment).
+            assert dsv is not None
+            _bwd_src_kept_kernel(
+                qq, go, dsv, pl.ptr, pl.col, tperm_np, sc, w.bounds, w.limit, dk.numpy(),
+                dv.numpy(),
+            )  # fmt: skip
+            if w.pieces.shape[0]:
+                _bwd_src_kept_pieces_kernel(
+                    qq, go, dsv, pl.col, tperm_np, sc, w.pieces, w.seg, dk.numpy(), dv.numpy()
+                )  # fmt: skip
+            return dk.view(m, nh, cq), dv.view(m, nh, cv)
         args = (qq, kk, vv, go, lld, bb, bias is not None, vb, key, dscale, dsv, ea, eq)
         _bwd_src_kernel(
             *args, pl.ptr, pl.col, tperm_np, sc, w.bounds, w.limit, dk.numpy(), dv.numpy()
@@ -306,7 +345,10 @@ def attention_bwd(
     ``D_i`` and the per-edge gradients are summed per target over the CSR
     (:func:`attention_bwd_dst`), ``dk`` and ``dv`` per source over the
     transposed CSR (:func:`attention_bwd_src`), which recomputes the weights
-    (and the dropout mask) instead of reading stored ones.
+    (and the dropout mask) instead of reading stored ones, except where the
+    destination pass writes the ``[E, H]`` score gradient anyway (a bias, a
+    value bias, edge features): then it writes the dropped weights beside it
+    and the source pass reads the two (one cache line per edge).
 
     Args:
         q: ``[N, H, C]``, as in the forward.
@@ -360,26 +402,31 @@ def attention_bwd(
     dst = _bwd_dst(
         q, k, v, lse, grad_out, ptr, col, scale, bias, value_bias=value_bias, dropout=dropout,
         plan=plan, edge_attr=edge_attr, edge_query=edge_query, grad_edge_out=grad_edge_out,
+        weights=True,
     )  # fmt: skip
     dq, ld, ds, dvb = dst[:4]
+    dsp = dst[6]
     if csc_plan is not None:
         _check_plan(csc_plan, "csc_plan", m, col.numel(), n)
     elif csc is None:
         # Built from the checked CSR: nothing to check again.
         tptr, trow, tperm = transpose_csr(ptr, col, m)
         csc_plan = _make_plan(tptr, trow, n, tperm, check=False)
-    # With a value bias the source pass reads dS instead of gathering the bias's rows;
-    # with edge features too (the edge_out gradient enters dS through dp).
+    # Whenever the destination pass stores dS (a bias, a value bias, edge features),
+    # it stores the dropped weights P beside it, and the source pass reads both
+    # instead of recomputing the scores, the exp and the dropout mask (and of
+    # gathering the value bias's or the edge query's rows).
     dk, dv = attention_bwd_src(
-        q, k, v, ld, grad_out, csc, scale, bias, dropout=dropout,
-        ds=ds if value_bias is not None or edge_attr is not None else None, csc_plan=csc_plan,
+        q, k, v, ld, grad_out, csc, scale, bias, dropout=dropout, ds=dsp, csc_plan=csc_plan,
         edge_attr=edge_attr, edge_query=edge_query,
     )  # fmt: skip
-    dbias = ds.to(bias.dtype) if bias is not None and ds is not None else None
+    del dsp
+    # Contiguous: a view would keep P (the other half of dsp) alive with the gradient.
+    dbias = ds.to(bias.dtype).contiguous() if bias is not None and ds is not None else None
     dvalue_bias = dvb.to(value_bias.dtype) if value_bias is not None and dvb is not None else None
     res = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias, dvalue_bias)
     if edge_attr is None:
         return res
-    dea, deq = dst[4:]
+    dea, deq = dst[4:6]
     assert dea is not None
     return (*res, dea.to(edge_attr.dtype), deq.to(q.dtype) if deq is not None else None)
