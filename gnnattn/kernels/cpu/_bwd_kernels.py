@@ -92,15 +92,15 @@ _CACHE = 512
 @numba.njit(**_INLINE)
 def _dst_delta(
     q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, col, s0, e0, scale, wa, wp,
-    dl, dvb, dbias,
+    wf, dl, dvb, dbias,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Partial sums of ``D_i`` over ``s0:e0``: ``dl[h] = sum_j alpha_ij dp_ij``,
     ``dl[H + h] = sum_j alpha_ij``; writes the value bias's gradient, and the
     dropped weight ``P_ij = alpha_ij f_ij`` into ``dbias[e, H + h]`` when
     ``dbias`` has those columns (``[E, 2H]``: see the module docstring).
 
-    ``D_i`` is their ratio (see :func:`_delta`). Keeps ``alpha`` and ``dp``
-    in ``wa``/``wp`` when the edges fit.
+    ``D_i`` is their ratio (see :func:`_delta`). Keeps ``alpha``, ``dp`` and
+    ``alpha f`` in ``wa``/``wp``/``wf`` when the edges fit.
     """
     nh = dl.shape[0] // 2
     cq = q.shape[1] // nh
@@ -131,6 +131,7 @@ def _dst_delta(
             if cached:
                 wa[h, t] = a
                 wp[h, t] = dp
+                wf[h, t] = a * f
 
 
 @numba.njit(**_INLINE)
@@ -148,7 +149,7 @@ def _delta(dl, ld, i):  # pragma: no cover - compiled
 @numba.njit(**_INLINE)
 def _dst_grad(
     q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, col, s0, e0, scale, wa, wp,
-    ld, acc, dbias, eacc, dea,
+    wf, ld, acc, dbias, eacc, dea,
 ):  # pragma: no cover - compiled
 # fmt: on
     """``dq_i += sum_j dS_ij k_j`` over ``s0:e0`` into ``acc`` (and ``dS`` into ``dbias``);
@@ -183,7 +184,7 @@ def _dst_grad(
             _axpy(acc, ds * scale, k, j, h * cq, cq)
             _eacc_axpy(eacc, ds, ea, e, h)
             _dea_add(dea, e, ds, eq, i, h)
-            _dea_add_kept(dea, e, a, key, dscale, nh, one, gg, i, h)
+            _dea_add_kept(dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached)
 
 
 def _store_row(out, i, acc):  # pragma: no cover - compiled only
@@ -232,6 +233,7 @@ def _bwd_dst_kernel(
     for ch in prange(bounds.shape[0] - 1):
         wa = np.empty((nh, _CACHE), dtype=q.dtype)
         wp = np.empty((nh, _CACHE), dtype=q.dtype)
+        wf = np.empty((nh, _CACHE), dtype=q.dtype)
         dl = np.empty(2 * nh, dtype=q.dtype)
         acc = np.empty(nh * cq, dtype=q.dtype)
         # d edge_query's accumulator (size 0 without edge features: nf = 0).
@@ -242,14 +244,14 @@ def _bwd_dst_kernel(
                 continue  # a hub: _bwd_dst_pieces_kernel
             _dst_delta(
                 q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, col, s0, e0,
-                scale, wa, wp, dl, dvb, dbias,
+                scale, wa, wp, wf, dl, dvb, dbias,
             )  # fmt: skip
             _delta(dl, ld, i)
             acc[:] = zero
             eacc[:] = zero
             _dst_grad(
                 q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, col, s0, e0,
-                scale, wa, wp, ld, acc, dbias, eacc, dea,
+                scale, wa, wp, wf, ld, acc, dbias, eacc, dea,
             )  # fmt: skip
             for c in range(nh * cq):
                 dq[i, c] = acc[c]
@@ -273,7 +275,8 @@ def _bwd_dst_pieces_kernel(
     for x in prange(npc):
         _dst_delta(
             q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg,
-            col, pieces[x, 1], pieces[x, 2], scale, nokeep, nokeep, pd[x], dvb, dbias,
+            col, pieces[x, 1], pieces[x, 2], scale, nokeep, nokeep, nokeep, pd[x], dvb,
+            dbias,
         )  # fmt: skip
     for s in prange(seg.shape[0] - 1):
         dl = np.zeros(2 * nh, dtype=q.dtype)
@@ -284,7 +287,8 @@ def _bwd_dst_pieces_kernel(
     for x in prange(npc):
         _dst_grad(
             q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg,
-            col, pieces[x, 1], pieces[x, 2], scale, nokeep, nokeep, ld, pa[x], dbias, pe[x], dea,
+            col, pieces[x, 1], pieces[x, 2], scale, nokeep, nokeep, nokeep, ld, pa[x], dbias,
+            pe[x], dea,
         )  # fmt: skip
     for s in prange(seg.shape[0] - 1):
         i = pieces[seg[s], 0] & _NN

@@ -148,8 +148,11 @@ def _dea_add(dea, e, w, src, i, h):  # pragma: no cover - compiled only
     """``dea[e] += w * src_i^h`` (nothing when ``dea`` or ``src`` is absent)."""
 
 
-def _dea_add_kept(dea, e, a, key, dscale, nh, one, gg, i, h):  # pragma: no cover - compiled only
-    """``dea[e] += a * f * gg_i^h`` (``f`` the dropout factor; nothing without ``gg``)."""
+def _dea_add_kept(
+    dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached
+):  # pragma: no cover - compiled only
+    """``dea[e] += a * f * gg_i^h`` (``f`` the dropout factor; nothing without ``gg``);
+    ``a * f`` is ``wf[h, t]`` when ``cached``."""
 
 
 def _prefetch_opt(a, i):  # pragma: no cover - compiled only
@@ -367,12 +370,26 @@ def _factor_call(key, dscale, e, h, nh, one):  # pragma: no cover - compiled
     return _factor(key, dscale, e, h, nh, one)
 
 
+@numba.njit(**_INLINE)
+def _dea_add_dropped(
+    dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached
+):  # pragma: no cover - compiled
+    # The first sweep keeps a * f beside the weights: the second rehashes the
+    # dropout mask (a call, see _factor_call) only for segments past the cache.
+    w = wf[h, t & _NN] if cached else a * _factor_call(key, dscale, e, h, nh, one)
+    _dea_add_impl(dea, e, w, gg, i, h)
+
+
 @overload(_dea_add_kept, **_OL)
-def _dea_add_kept_ol(dea, e, a, key, dscale, nh, one, gg, i, h):  # pragma: no cover - compiled
+def _dea_add_kept_ol(
+    dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached
+):  # pragma: no cover - compiled
     if _none(dea) or _none(gg):
-        return lambda dea, e, a, key, dscale, nh, one, gg, i, h: None
+        return lambda dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached: None
     if _none(key):
-        return lambda dea, e, a, key, dscale, nh, one, gg, i, h: _dea_add_impl(dea, e, a, gg, i, h)
-    return lambda dea, e, a, key, dscale, nh, one, gg, i, h: _dea_add_impl(
-        dea, e, a * _factor_call(key, dscale, e, h, nh, one), gg, i, h
+        return lambda dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached: _dea_add_impl(
+            dea, e, a, gg, i, h
+        )
+    return lambda dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached: _dea_add_dropped(
+        dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached
     )
