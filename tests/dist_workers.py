@@ -107,7 +107,8 @@ def _check(cases: list[dict[str, Any]], group: Any) -> list[dict[str, float]]:
             ea = torch.randn(ei.shape[1], f, generator=g, dtype=torch.float64, requires_grad=True)
         # One process: the whole graph.
         x_full = (x_src, x_dst) if bip else x_src
-        out = model(x_full, graph, ea)
+        backend = case.get("backend")
+        out = model(x_full, graph, ea, backend=backend)
         w = torch.randn(out.shape, generator=g, dtype=torch.float64)
         (out * w).sum().backward()
         ref = {
@@ -125,7 +126,7 @@ def _check(cases: list[dict[str, Any]], group: Any) -> list[dict[str, float]]:
         part = _owner(case, graph, world).part(rank, group)
         x_loc = (part.shard_src(x_src), part.shard(x_dst)) if bip else part.shard(x_src)
         ea_loc = part.shard_edges(ea) if ea is not None else None
-        out_p = model(x_loc, part, ea_loc)
+        out_p = model(x_loc, part, ea_loc, backend=backend)
         (out_p * part.shard(w)).sum().backward()
         all_reduce_gradients(model, group)
         err = {

@@ -20,11 +20,24 @@ from gnnattn.distributed import GraphPart, Partition, partition
 # sums over ranks (a few ulps).
 TOL = 1e-10
 
+# The cases with edge features run the message-passing reference ("mp") in every process:
+# the partition, the exchange and the interior/boundary split do not depend on the backend,
+# and four cold ranks compiling the fused kernels' edge-feature variants (float64, two
+# index widths) took most of this file's CI time. The fused kernels with edge features on
+# a part: test_one_part_without_torch_distributed_equals_the_layer, in this process.
 CASES = [
     dict(model="transformer", method="metis", n=40, layers=3),
-    dict(model="conv", method="random", n=30, edge_dim=3),
-    dict(model="transformer", method="contiguous", n=40, causal=True, edge_dim=2, edge_value=True),
-    dict(model="conv", method="metis", n=30, m=25, bipartite=True, edge_dim=2),
+    dict(model="conv", method="random", n=30, edge_dim=3, backend="mp"),
+    dict(
+        model="transformer",
+        method="contiguous",
+        n=40,
+        causal=True,
+        edge_dim=2,
+        edge_value=True,
+        backend="mp",
+    ),
+    dict(model="conv", method="metis", n=30, m=25, bipartite=True, edge_dim=2, backend="mp"),
     dict(model="transformer", method="random", n=20, owner="empty_rank", hub=True, isolated=True),
     dict(model="conv", method="random", n=20, owner="all_remote"),
 ]
