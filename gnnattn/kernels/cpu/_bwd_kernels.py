@@ -457,7 +457,18 @@ def _bwd_src_kept_pieces_kernel(
         _src_kept_segment(
             q, dout, dsp, trow, tperm, pieces[x, 1], pieces[x, 2], scale, pk[x], pv[x]
         )
+    zero = q.dtype.type(0)
+    # Plain loops, not _sum_rows: its overload inlined into this prange trips
+    # numba's SSA check (a NumbaIRAssumptionWarning at compile time).
     for s in prange(seg.shape[0] - 1):
         j = pieces[seg[s], 0] & _NN
-        _sum_rows(dk, j, pk, seg[s], seg[s + 1])
-        _sum_rows(dv, j, pv, seg[s], seg[s + 1])
+        for c in range(nh * cq):
+            d = zero
+            for x in range(seg[s] & _NN, seg[s + 1]):
+                d += pk[x, c]
+            dk[j, c] = d
+        for c in range(nh * cv):
+            d = zero
+            for x in range(seg[s] & _NN, seg[s + 1]):
+                d += pv[x, c]
+            dv[j, c] = d
