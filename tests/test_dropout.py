@@ -12,7 +12,7 @@ import torch
 from gnnattn.kernels import reference
 from gnnattn.kernels.common import Dropout as Key
 from gnnattn.nn import Dropout, GraphTransformerLayer
-from gnnattn.ops import dropout
+from gnnattn.ops import dropout, relu_dropout
 
 cpu = pytest.importorskip("gnnattn.kernels.cpu")
 
@@ -124,3 +124,85 @@ def test_graph_transformer_layer_uses_it() -> None:
     assert all(isinstance(getattr(layer, n), Dropout) for n in ("dropout", "dropout1", "dropout2"))
     back = GraphTransformerLayer.from_torch(layer.to_torch())
     assert isinstance(back.dropout1, Dropout) and back.dropout1.p == 0.1
+
+
+# ------------------------------------------------------------------ relu_dropout
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(0,), (1,), (7, 3), (16385,), (3, 40001)])
+def test_relu_kernels_equal_reference_bitwise(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    x = torch.randn(shape, dtype=dtype) * 1e3
+    g = torch.randn(shape, dtype=dtype)
+    for key in (Key(0.1, 123, 77), Key(0.5, 2**62 + 5, 2**31 - 1)):
+        y = cpu.relu_dropout(x, key)
+        assert torch.equal(y, reference.relu_dropout(x, key))
+        # the same mask as dropout after a ReLU
+        assert torch.equal(y, cpu.dropout(torch.relu(x), key))
+        want = reference.relu_dropout_bwd(y, g, key.scale)
+        assert torch.equal(cpu.relu_dropout_bwd(y, g, key.scale), want)
+
+
+def test_relu_kernel_counter_crossing_32_bits_and_nan() -> None:
+    x = torch.randn(40000, dtype=torch.float64)
+    x[::7] = math.nan  # a NaN passes the ReLU (torch's rule) and stays NaN when dropped
+    key = Key(0.3, 987654321, 2**32 - 12345)
+    y = cpu.relu_dropout(x, key)
+    want = reference.relu_dropout(x, key)
+    assert torch.equal(y.isnan(), want.isnan()) and y[::7].isnan().all()
+    fin = ~want.isnan()
+    assert torch.equal(y[fin], want[fin])
+
+
+def test_relu_dropout_equals_dropout_of_relu_forward_and_backward() -> None:
+    x = torch.randn(300, 70, dtype=torch.float64)
+    x[0, :5] = 0.0  # ReLU's kink: torch's gradient there is 0
+    g = torch.randn_like(x)
+    res = []
+    for fused in (True, False):
+        xx = x.clone().requires_grad_()
+        torch.manual_seed(7)
+        y = relu_dropout(xx, 0.3) if fused else dropout(torch.relu(xx), 0.3)
+        y.backward(g)
+        res.append((y.detach(), xx.grad))
+    assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
+    assert (res[0][0] == 0).float().mean() > 0.5  # half negative, then 30% dropped
+
+
+def test_relu_dropout_gradcheck_with_the_key_fixed() -> None:
+    x = torch.randn(5, 7, dtype=torch.float64)
+    # Away from the kink, where gradcheck's finite step would cross it.
+    x = (x + 0.1 * x.sign()).requires_grad_()
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        torch.manual_seed(11)
+        return relu_dropout(t, 0.4)
+
+    assert torch.autograd.gradcheck(fn, (x,))
+
+
+def test_relu_dropout_off_and_fallbacks() -> None:
+    x = torch.randn(10, 4)
+    assert torch.equal(relu_dropout(x, 0.5, training=False), torch.relu(x))
+    assert torch.equal(relu_dropout(x, 0.0), torch.relu(x))
+    h = relu_dropout(torch.ones(10_000, dtype=torch.float16), 0.5)
+    assert h.dtype == torch.float16 and 0.4 < (h != 0).float().mean() < 0.6
+    with pytest.raises(ValueError, match="'p'"):
+        relu_dropout(x, 1.0)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_graph_transformer_feed_forward_is_dropout_of_activation(activation: str) -> None:
+    # The layer's feed-forward takes relu_dropout for "relu": the same numbers
+    # as the unfused dropout(activation(.)).
+    torch.manual_seed(0)
+    layer = GraphTransformerLayer(16, 2, dropout=0.2, activation=activation).double().train()
+    x = torch.randn(40, 16, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(3)
+    got = layer._ff(x)
+    (gx,) = torch.autograd.grad(got.sum(), x)
+    torch.manual_seed(3)
+    h = layer.dropout(layer.activation(layer.linear1(x)))
+    want = layer.dropout2(layer.linear2(h))
+    (wx,) = torch.autograd.grad(want.sum(), x)
+    assert torch.equal(got, want) and torch.equal(gx, wx)

@@ -131,6 +131,51 @@ def test_reference_edge_backward_is_autograd_of_its_forward():
         assert_close(a, b, TOL64)
 
 
+@pytest.mark.parametrize("case", ["ragged", "hub"])
+@pytest.mark.parametrize("query", [False, True])
+def test_without_dedge_attr_the_other_gradients_are_bitwise_the_same(case, query):
+    # need_dedge_attr=False (edge_attr needs no gradient) compiles the passes
+    # without d edge_attr's sum and store: nothing else may change.
+    q, k, v, ptr, col, bias, _, ea, eq, ge = edge_case(case, F64, True, query=query)
+    kw = dict(dropout=DROP, edge_attr=ea, edge_query=eq)
+    _, lse, _ = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw)
+    shape = (q.shape[0], q.shape[1], v.shape[2])
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(9), dtype=F64)
+    args = (q, k, v, None, lse, g, ptr, col, 0.3, bias)
+    for mod in (cpu, ref):
+        full = mod.attention_bwd(*args, **kw, grad_edge_out=ge)
+        lean = mod.attention_bwd(*args, **kw, grad_edge_out=ge, need_dedge_attr=False)
+        assert full[5] is not None and lean[5] is None
+        for i in (0, 1, 2, 3, 4, 6):
+            assert (full[i] is None) == (lean[i] is None)
+            if full[i] is not None:
+                assert torch.equal(full[i], lean[i]), (mod.__name__, i)
+
+
+def test_operator_asks_for_dedge_attr_only_when_edge_attr_needs_it(monkeypatch):
+    q, k, v, graph, ea, _, wv = op_inputs()
+    asked = []
+    real = cpu.attention_bwd
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs["need_dedge_attr"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cpu, "attention_bwd", spy)
+    grads = {}
+    for needs in (False, True):
+        xs = [t.clone().requires_grad_() for t in (q, k, v, wv)]
+        e = ea.clone().requires_grad_(needs)
+        out = gnnattn.attention(xs[0], xs[1], xs[2], graph, edge_attr=e, edge_value=xs[3],
+                                backend="fused")  # fmt: skip
+        out.sum().backward()
+        grads[needs] = [t.grad for t in xs]
+        assert (e.grad is not None) == needs
+    assert asked == [False, True]
+    for a, b in zip(grads[False], grads[True], strict=True):
+        assert torch.equal(a, b)
+
+
 def test_without_edge_attr_the_results_are_unchanged():
     q, k, v, ptr, col, bias, _, ea, eq, _ = edge_case("ragged", F64, True)
     assert len(cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias)) == 2

@@ -259,3 +259,27 @@ def test_triton_cuda_edge_features_large() -> None:
     lens = [0, 1, 17, 3000, *torch.randint(0, 48, (4000,)).tolist()]
     _check(lens, 4, 16, bias=True, vbias=True, dropout=DROP, tol=1e-4, blocks={}, m=3000,
            c=64, cv=64)  # fmt: skip
+
+
+@pytest.mark.parametrize("query", [False, True])
+def test_triton_without_dedge_attr_the_other_gradients_are_the_same(query: bool) -> None:
+    # need_dedge_attr=False compiles the dq pass without d edge_attr's sum and
+    # store (HAS_DEA): every other gradient must be the same, bit for bit.
+    q, k, v, ptr, col, b, vb, ea, eq, ge = _inputs(LENS, 3, 3, dtype=F64)
+    kw = dict(dropout=DROP, edge_attr=ea, edge_query=eq if query else None, **BLOCKS)
+    out, lse, eo = ta.attention_fwd(q, k, v, ptr, col, 0.3, b, **kw)
+    go = torch.randn_like(out)
+    args = (q, k, v, out, lse, go, ptr, col, 0.3, b)
+    full = ta.attention_bwd(*args, **kw, grad_edge_out=ge, edge_out=eo)
+    lean = ta.attention_bwd(*args, **kw, grad_edge_out=ge, edge_out=eo, need_dedge_attr=False)
+    assert full[5] is not None and lean[5] is None
+    for name, x, y in zip(NAMES, full, lean, strict=True):
+        if name != "dedge_attr":
+            assert (x is None) == (y is None), name
+            assert x is None or torch.equal(x, y), name
+    # No edges: still no dedge_attr.
+    q, k, v, ptr, col, b, vb, ea, eq, ge = _inputs([0, 0], 2, 3, m=2, c=4, cv=3, dtype=F64)
+    out, lse, _ = ta.attention_fwd(q, k, v, ptr, col, 0.5, b, edge_attr=ea)
+    grads = ta.attention_bwd(q, k, v, out, lse, out + 1, ptr, col, 0.5, b, edge_attr=ea,
+                             need_dedge_attr=False)  # fmt: skip
+    assert grads[5] is None and (grads[0] == 0).all()

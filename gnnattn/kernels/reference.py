@@ -60,6 +60,8 @@ __all__ = [
     "dropout",
     "dropout_factor",
     "plan",
+    "relu_dropout",
+    "relu_dropout_bwd",
     "segment_ids",
     "segment_logsumexp",
     "segment_max",
@@ -184,8 +186,31 @@ def dropout(x: Tensor, dropout: Dropout) -> Tensor:
         >>> sorted(y.unique().tolist()), 0.7 < (y > 0).float().mean().item() < 0.8
         ([0.0, 1.3333333730697632], True)
     """
+    return _dropped(x, dropout)
+
+
+def _dropped(x: Tensor, dropout: Dropout) -> Tensor:
     keep = dropout_keep(dropout, x.numel(), 1, x.device).view(x.shape)
     return x * (keep.to(x.dtype) * dropout.scale)
+
+
+def relu_dropout(x: Tensor, dropout: Dropout) -> Tensor:
+    """``dropout(relu(x))`` (the feed-forward's activation and its dropout), by
+    the stream of :mod:`.common`.
+
+    Example:
+        >>> y = relu_dropout(torch.tensor([-1.0, 2.0] * 500), Dropout(0.5, seed=1, offset=0))
+        >>> bool((y[0::2] == 0).all()), sorted(y[1::2].unique().tolist())
+        (True, [0.0, 4.0])
+    """
+    return _dropped(torch.relu(x), dropout)
+
+
+def relu_dropout_bwd(y: Tensor, grad: Tensor, scale: float) -> Tensor:
+    """The gradient of :func:`relu_dropout` from its output ``y``: ``grad * scale``
+    where ``y > 0`` (the ReLU passed the element and the stream kept it), else 0.
+    """
+    return torch.where(y > 0, grad * scale, torch.zeros((), dtype=grad.dtype))
 
 
 def _edge_score(
@@ -301,6 +326,7 @@ def attention_bwd(
     edge_attr: Tensor | None = None,
     edge_query: Tensor | None = None,
     grad_edge_out: Tensor | None = None,
+    need_dedge_attr: bool = True,
 ) -> tuple[Tensor | None, ...]:
     """Gradients of :func:`attention_fwd` w.r.t. ``q``, ``k``, ``v``, ``bias``, ``value_bias``
     (and ``edge_attr``, ``edge_query``).
@@ -323,8 +349,9 @@ def attention_bwd(
         ``dq``, ``dk``, ``dv``, ``dbias`` (the score gradient ``dS``
         ``[E, H]``, ``None`` without ``bias``) and ``dvalue_bias``
         (``[E, H, Cv]``, ``None`` without ``value_bias``); with ``edge_attr``
-        also ``dedge_attr`` ``[E, F]`` and ``dedge_query`` ``[N, H, F]``
-        (``None`` without ``edge_query``).
+        also ``dedge_attr`` ``[E, F]`` (``None`` with ``need_dedge_attr=False``,
+        for an ``edge_attr`` that needs no gradient) and ``dedge_query``
+        ``[N, H, F]`` (``None`` without ``edge_query``).
     """
     n, m, h = q.shape[0], k.shape[0], q.shape[1]
     index = segment_ids(ptr, col.numel())
@@ -361,4 +388,5 @@ def attention_bwd(
         dea = dea + (ds.unsqueeze(-1) * edge_query[index]).sum(1)
     if ge is not None:
         dea = dea + (kept.unsqueeze(-1) * ge).sum(1)
-    return dq, dk, dv, (ds if bias is not None else None), dvb, dea, deq
+    dbias = ds if bias is not None else None
+    return dq, dk, dv, dbias, dvb, (dea if need_dedge_attr else None), deq

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..checks import check_float, check_int, check_tensor
+from ..ops import relu_dropout
 from .conv import SelfAttentionConv
 from .dropout import Dropout
 from .parts import PartLike, graph_or_part
@@ -211,7 +212,14 @@ class GraphTransformerLayer(torch.nn.Module):
         return x
 
     def _ff(self, x: Tensor) -> Tensor:
-        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+        h = self.linear1(x)  # (N, ffn_dim)
+        if self.activation is F.relu and isinstance(self.dropout, Dropout):
+            # One pass, whose backward reads only its output (the mask is the
+            # same one self.dropout(F.relu(h)) draws).
+            h = relu_dropout(h, self.dropout.p, self.training)
+        else:
+            h = self.dropout(self.activation(h))
+        return self.dropout2(self.linear2(h))
 
     @classmethod
     def from_torch(

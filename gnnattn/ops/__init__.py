@@ -5,15 +5,15 @@
 * the backends: :mod:`.mp` (PyG message passing, the reference),
   :mod:`.sdpa` (dense SDPA for structured graphs), :mod:`.fused` (the sparse
   kernels of :mod:`gnnattn.kernels`);
-* :func:`dropout` (:mod:`.activation_dropout`): activation dropout by the kernels'
-  counter-based stream.
+* :func:`dropout`, :func:`relu_dropout` (:mod:`.activation_dropout`):
+  activation dropout by the kernels' counter-based stream.
 
 Everything about the graph (its structure, its CSR and transposed CSR, the
 kernels' plans) comes from the graph object, built once by its owner; nothing
 here caches.
 """
 
-from .activation_dropout import dropout
+from .activation_dropout import dropout, relu_dropout
 from .choice import BACKENDS, BackendChoice, backend_for, check_backend
 from .mp import MessagePassingAttention, dropout_mask
 from .operator import AttentionOutput, attention
@@ -28,4 +28,5 @@ __all__ = [
     "check_backend",
     "dropout",
     "dropout_mask",
+    "relu_dropout",
 ]

@@ -10,6 +10,10 @@ bfloat16, inside ``torch.compile``, or without numba) it is torch's own
 dropout, which is already fast there. Either way the same
 ``torch.manual_seed`` gives the same mask, and each element is kept with
 probability ``1 - p`` and scaled by ``1 / (1 - p)``.
+
+:func:`relu_dropout` is ``dropout(relu(x))`` in one pass, whose backward
+reads only the output (no mask, no hash): the feed-forward of
+:class:`gnnattn.nn.GraphTransformerLayer` calls it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from .. import kernels
 from ..checks import check_float
 from ..kernels.common import Dropout, draw_dropout
 
-__all__ = ["dropout"]
+__all__ = ["dropout", "relu_dropout"]
 
 
 class _StreamDropout(torch.autograd.Function):
@@ -36,6 +40,22 @@ class _StreamDropout(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         return ctx.kern.dropout(grad, ctx.key), None, None
+
+
+class _StreamReluDropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, key: Dropout, kern: Any) -> Tensor:
+        y = kern.relu_dropout(x, key)
+        # The output, not the input or a mask: the next linear layer keeps it
+        # for its own backward anyway, so this costs no memory.
+        ctx.save_for_backward(y)
+        ctx.scale, ctx.kern = key.scale, kern
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        (y,) = ctx.saved_tensors
+        return ctx.kern.relu_dropout_bwd(y, grad, ctx.scale), None, None
 
 
 def _compiled(x: Tensor) -> Any:
@@ -77,3 +97,42 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     if kern is None:
         return F.dropout(x, p, training=True)
     return _StreamDropout.apply(x, draw_dropout(p), kern)
+
+
+def relu_dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+    r"""``dropout(relu(x), p, training)`` in one pass on the CPU.
+
+    .. math::
+        y_n = \frac{m_n}{1 - p} \max(x_n, 0), \qquad m_n \sim \text{Bernoulli}(1 - p)
+
+    The mask is :func:`dropout`'s (the same ``torch.manual_seed`` gives the
+    same ``y``, bit for bit); the backward is ``grad / (1 - p)`` where
+    ``y > 0``, read from the output. Outside the compiled kernels (CUDA,
+    half precision, ``torch.compile``) it is ``F.dropout(F.relu(x), p)``.
+
+    Args:
+        x (torch.Tensor): any shape.
+        p (float, optional): the probability of zeroing an element, in
+            ``[0, 1)``. (default: ``0.5``)
+        training (bool, optional): ``False`` is ``relu(x)``. (default: ``True``)
+
+    Shapes:
+        - **input:** ``x`` of any shape
+        - **output:** the shape of ``x``
+
+    Example:
+        >>> _ = torch.manual_seed(0)
+        >>> x = torch.randn(1000, 64)
+        >>> _ = torch.manual_seed(1)
+        >>> y = relu_dropout(x, p=0.1)
+        >>> _ = torch.manual_seed(1)
+        >>> torch.equal(y, dropout(torch.relu(x), p=0.1))
+        True
+    """
+    check_float(p, "p", lo=0.0, hi=1.0)
+    if not training or p == 0.0:
+        return F.relu(x)
+    kern = _compiled(x)
+    if kern is None:
+        return F.dropout(F.relu(x), p, training=True)
+    return _StreamReluDropout.apply(x, draw_dropout(p), kern)

@@ -108,6 +108,8 @@ class _FusedAttention(torch.autograd.Function):
         if ea is not None:
             ge = grad_edge_out.contiguous() if grad_edge_out is not None else None
             opts = {"edge_attr": ea, "edge_query": eq, "grad_edge_out": ge}
+            # Raw edge features seldom need a gradient: the kernels then skip it.
+            opts["need_dedge_attr"] = ctx.needs_input_grad[5]
             if eo is not None:
                 opts["edge_out"] = eo
         res = kern.attention_bwd(

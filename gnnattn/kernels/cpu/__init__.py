@@ -34,7 +34,8 @@ Layout:
 * :mod:`.plans`: :func:`plan` (a CSR checked once), the work split, checks;
 * :mod:`.softmax`, :mod:`.forward`, :mod:`.backward` (kernels in
   :mod:`._bwd_kernels`): the public kernels;
-* :mod:`.dropout`: dropout of a dense tensor by the same stream.
+* :mod:`.dropout`: dropout of a dense tensor by the same stream, alone or
+  after a ReLU.
 
 Arithmetic. Float64 inputs compute in float64, float32 inputs in float32
 (accumulators included); float16/bfloat16 are upcast to float32 and the
@@ -58,7 +59,7 @@ from __future__ import annotations
 from ._random import dropout_bits
 from ._simd import exp32
 from .backward import attention_bwd, attention_bwd_dst, attention_bwd_src
-from .dropout import dropout
+from .dropout import dropout, relu_dropout, relu_dropout_bwd
 from .forward import attention_fwd
 from .plans import CPUPlan, plan
 from .softmax import segment_ptr, segment_softmax_bwd, segment_softmax_fwd
@@ -73,6 +74,8 @@ __all__ = [
     "dropout_bits",
     "exp32",
     "plan",
+    "relu_dropout",
+    "relu_dropout_bwd",
     "segment_ptr",
     "segment_softmax_bwd",
     "segment_softmax_fwd",

@@ -94,6 +94,7 @@ def _bwd_dst(
     edge_query: Tensor | None = None,
     grad_edge_out: Tensor | None = None,
     weights: bool = False,
+    need_dedge_attr: bool = True,
 ) -> tuple[
     Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None, Tensor | None
 ]:
@@ -110,7 +111,8 @@ def _bwd_dst(
         the source pass reads it as ``ds=`` then; with ``weights`` a view of
         the ``[E, 2H]`` array), then ``dedge_attr`` ``[E, F]`` and
         ``dedge_query`` ``[N, H, F]`` in the compute dtype (``None`` without
-        ``edge_attr``, resp. ``edge_query``), then the ``[E, 2H]`` array
+        ``edge_attr`` or ``need_dedge_attr``, resp. without ``edge_query``),
+        then the ``[E, 2H]`` array
         (``None`` without ``weights`` or without a stored ``dS``).
     """
     e = _check_qkv(q, k, v, bias, ptr, col)
@@ -143,7 +145,8 @@ def _bwd_dst(
     dsp = torch.empty(e, 2 * nh, dtype=dt) if weights else None
     ds = dsp[:, :nh] if dsp is not None else torch.empty(e, nh, dtype=dt) if keep_ds else None
     dvb = torch.empty(e, nh * cv, dtype=dt) if value_bias is not None else None
-    dea = alloc(e, nf, dtype=dt) if edge_attr is not None else None
+    # Without dea the kernels compile without its per-edge sum over heads and its store.
+    dea = alloc(e, nf, dtype=dt) if edge_attr is not None and need_dedge_attr else None
     deq = alloc(n, nh * nf, dtype=dt) if edge_query is not None else None
     if e and nh:
         qq, kk, vv, go = _rows(q, dt), _rows(k, dt), _rows(v, dt), _rows(grad_out, dt)
@@ -337,6 +340,7 @@ def attention_bwd(
     edge_attr: Tensor | None = None,
     edge_query: Tensor | None = None,
     grad_edge_out: Tensor | None = None,
+    need_dedge_attr: bool = True,
 ) -> tuple[Tensor | None, ...]:
     """Gradients of :func:`~gnnattn.kernels.cpu.attention_fwd` w.r.t. ``q``, ``k``, ``v``,
     ``bias`` and ``value_bias`` (and ``edge_attr``, ``edge_query``).
@@ -379,14 +383,17 @@ def attention_bwd(
         edge_query: the forward's ``[N, H, F]`` edge query, or ``None``.
         grad_edge_out: ``[N, H, F]`` the gradient of the forward's
             ``edge_out`` (``None``: zero; ignored without ``edge_attr``).
+        need_dedge_attr: ``False`` when ``edge_attr`` needs no gradient (raw
+            features usually do not): ``dedge_attr`` is then not computed.
 
     Returns:
         ``dq``, ``dk``, ``dv`` (typed like ``q``, ``k``, ``v``), ``dbias``
         ``[E, H]`` (the score gradient ``dS``, typed like ``bias``; ``None``
         without a bias) and ``dvalue_bias`` ``[E, H, Cv]`` (typed like
         ``value_bias``; ``None`` without one); with ``edge_attr`` also
-        ``dedge_attr`` ``[E, F]`` (summed over heads, typed like it) and
-        ``dedge_query`` ``[N, H, F]`` (``None`` without an edge query).
+        ``dedge_attr`` ``[E, F]`` (summed over heads, typed like it; ``None``
+        without ``need_dedge_attr``) and ``dedge_query`` ``[N, H, F]``
+        (``None`` without an edge query).
 
     Raises:
         ValueError: on shapes that do not fit, or ``ptr``/``col`` out of range.
@@ -402,7 +409,7 @@ def attention_bwd(
     dst = _bwd_dst(
         q, k, v, lse, grad_out, ptr, col, scale, bias, value_bias=value_bias, dropout=dropout,
         plan=plan, edge_attr=edge_attr, edge_query=edge_query, grad_edge_out=grad_edge_out,
-        weights=True,
+        weights=True, need_dedge_attr=need_dedge_attr,
     )  # fmt: skip
     dq, ld, ds, dvb = dst[:4]
     dsp = dst[6]
@@ -421,12 +428,16 @@ def attention_bwd(
         edge_attr=edge_attr, edge_query=edge_query,
     )  # fmt: skip
     del dsp
-    # Contiguous: a view would keep P (the other half of dsp) alive with the gradient.
-    dbias = ds.to(bias.dtype).contiguous() if bias is not None and ds is not None else None
+    # A view of [dS | P] when there is P: it keeps P alive as long as the
+    # gradient, which a contiguous copy would allocate anew, for the same bytes.
+    dbias = ds.to(bias.dtype) if bias is not None and ds is not None else None
     dvalue_bias = dvb.to(value_bias.dtype) if value_bias is not None and dvb is not None else None
     res = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias, dvalue_bias)
     if edge_attr is None:
         return res
     dea, deq = dst[4:6]
-    assert dea is not None
-    return (*res, dea.to(edge_attr.dtype), deq.to(q.dtype) if deq is not None else None)
+    return (
+        *res,
+        dea.to(edge_attr.dtype) if dea is not None else None,
+        deq.to(q.dtype) if deq is not None else None,
+    )

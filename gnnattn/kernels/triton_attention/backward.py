@@ -71,7 +71,7 @@ def _attn_bwd_dq(
     dq_ptr,  # [N, H, C]
     dbias_ptr,  # [E, H] (unused unless HAS_BIAS)
     dvb_ptr,  # [E, H, CV] (unused unless HAS_VB)
-    dea_ptr,  # [E, F] (unused unless HAS_EA)
+    dea_ptr,  # [E, F] (unused unless HAS_DEA)
     deq_ptr,  # [N, H, F] (unused unless HAS_EQ)
     scale_ptr,
     ptr_ptr,
@@ -97,6 +97,7 @@ def _attn_bwd_dq(
     HAS_EA: tl.constexpr,
     HAS_EQ: tl.constexpr,
     HAS_GE: tl.constexpr,
+    HAS_DEA: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -177,12 +178,13 @@ def _attn_bwd_dq(
                 offs, vmask = _rows(edges, emask, hs, hmask, CV, BLOCK_CV, H)
                 dvb = (kept[:, :, None] * do[None, :, :]).to(dvb_ptr.dtype.element_ty)
                 tl.store(dvb_ptr + offs, dvb, mask=vmask)
-            if HAS_EA:
+            if HAS_EQ:
+                deq += tl.sum(ds[:, :, None] * at[:, None, :], 0)
+            if HAS_DEA:  # (implies HAS_EA)
                 # d a_ij sums over heads: this program owns edge ij's row.
                 dea = tl.zeros([BLOCK_E, BLOCK_F], ACC)
                 if HAS_EQ:
                     dea += tl.sum(ds[:, :, None] * eq[None, :, :], 1)
-                    deq += tl.sum(ds[:, :, None] * at[:, None, :], 0)
                 if HAS_GE:
                     dea += tl.sum(kept[:, :, None] * ge[None, :, :], 1)
                 amask = emask[:, None] & (fs < F)[None, :]
@@ -370,6 +372,7 @@ class _Edge(NamedTuple):
     query: Tensor | None = None
     grad_out: Tensor | None = None
     out: Tensor | None = None  # the forward's edge_out, for D_i
+    need_dea: bool = True  # False: edge_attr needs no gradient, none is computed
 
 
 def _bwd(
@@ -399,7 +402,7 @@ def _bwd(
     e = pl.num_edges
     fmt = torch.contiguous_format
     edge = edge if edge is not None else _Edge()
-    ea, eq, ge = edge.attr, edge.query, edge.grad_out
+    ea, eq, ge, need_dea = edge.attr, edge.query, edge.grad_out, edge.need_dea
     nf = ea.shape[1] if ea is not None else 0
     if n * h == 0 or e == 0:  # no edge, no gradient
         dq, dk, dv = (torch.zeros_like(t, memory_format=fmt) for t in (q, k, v))
@@ -408,13 +411,14 @@ def _bwd(
         if ea is None:
             return dq, dk, dv, dbias, dvb
         deq = torch.zeros_like(eq, memory_format=fmt) if eq is not None else None
-        return dq, dk, dv, dbias, dvb, torch.zeros_like(ea, memory_format=fmt), deq
+        dea = torch.zeros_like(ea, memory_format=fmt) if need_dea else None
+        return dq, dk, dv, dbias, dvb, dea, deq
     # Every element is written by a kernel: each target, source and edge
     # belongs to exactly one program (or to a split row summed once).
     dq, dk, dv = (torch.empty_like(t, memory_format=fmt) for t in (q, k, v))
     dbias = torch.empty_like(bias, memory_format=fmt) if bias is not None else None
     dvb = torch.empty_like(value_bias, memory_format=fmt) if value_bias is not None else None
-    dea = torch.empty_like(ea, memory_format=fmt) if ea is not None else None
+    dea = torch.empty_like(ea, memory_format=fmt) if ea is not None and need_dea else None
     deq = torch.empty_like(eq, memory_format=fmt) if eq is not None else None
     acc_t = acc_dtype(q.dtype)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -451,7 +455,7 @@ def _bwd(
     _attn_bwd_dq[(ch.grid,)](
         q, k, v, b, vb, ea_a, eq_a, ge_a, grad_out, lse, delta, dq, db, dvb_a, dea_a, deq_a,
         scales, pl.ptr, pl.col, ch.chunk_ptr, ch.chunk_seg, ch.rank, part, part_eq, n, ch.grid,
-        *drop, num_warps=blk.num_warps, **consts, **blocks,
+        *drop, num_warps=blk.num_warps, HAS_DEA=dea is not None, **consts, **blocks,
     )  # fmt: skip
     if e > pl.chunk:
         _sum_split(pl, part, dq, scales, True, consts["ACC"])
@@ -512,6 +516,7 @@ def attention_bwd(
     block_e: int | None = None,
     split_blocks: int | None = None,
     edge_out: Tensor | None = None,
+    need_dedge_attr: bool = True,
 ) -> tuple[Tensor | None, ...]:
     """Gradients of :func:`.attention_fwd` w.r.t. ``q``, ``k``, ``v``, ``bias``, ``value_bias``
     (and ``edge_attr``, ``edge_query``).
@@ -547,14 +552,17 @@ def attention_bwd(
         edge_out: the forward's ``edge_out`` (used with ``grad_edge_out``:
             ``D_i`` needs ``grad_edge_out_i . edge_out_i``); recomputed with
             ``out`` (one more forward) when ``grad_edge_out`` is given without it.
+        need_dedge_attr: ``False`` when ``edge_attr`` needs no gradient: the
+            kernel then compiles without ``dedge_attr``'s sum and store.
 
     Returns:
         ``dq``, ``dk``, ``dv`` (typed like ``q``, ``k``, ``v``), ``dbias``
         ``[E, H]`` (typed like ``bias``; ``None`` without a bias) and
         ``dvalue_bias`` ``[E, H, Cv]`` (typed like ``value_bias``; ``None``
         without one); with ``edge_attr`` also ``dedge_attr`` ``[E, F]``
-        (typed like ``edge_attr``) and ``dedge_query`` ``[N, H, F]`` (typed
-        like ``edge_query``; ``None`` without one).
+        (typed like ``edge_attr``; ``None`` without ``need_dedge_attr``) and
+        ``dedge_query`` ``[N, H, F]`` (typed like ``edge_query``; ``None``
+        without one).
     """
     _check_inputs(q, k, v, ptr, col, bias, value_bias, dropout)
     _check_edge(q, col.numel(), edge_attr, edge_query, grad_edge_out, edge_out)
@@ -590,7 +598,7 @@ def attention_bwd(
         fwd = _fwd(q, k, v, scale, bias, value_bias, dropout, plan, block_e, edge_attr, edge_query)
         out = fwd[0] if out is None else out
         edge_out = fwd[2] if edge_out is None else edge_out
-    edge = _Edge(edge_attr, edge_query, grad_edge_out, edge_out)
+    edge = _Edge(edge_attr, edge_query, grad_edge_out, edge_out, need_dedge_attr)
     return _bwd(
         q, k, v, out, lse, grad_out, scale, bias, value_bias, dropout, plan, csc_plan, tperm,
         block_e, edge,
