@@ -601,6 +601,8 @@ def test_cpu_has_the_reference_api():
             "dropout",
             "dropout_bits",
             "exp32",
+            "relu_dropout",
+            "relu_dropout_bwd",
         ]
     )
 

@@ -404,22 +404,17 @@ def _bwd(
     edge = edge if edge is not None else _Edge()
     ea, eq, ge, need_dea = edge.attr, edge.query, edge.grad_out, edge.need_dea
     nf = ea.shape[1] if ea is not None else 0
-    if n * h == 0 or e == 0:  # no edge, no gradient
-        dq, dk, dv = (torch.zeros_like(t, memory_format=fmt) for t in (q, k, v))
-        dbias = torch.zeros_like(bias, memory_format=fmt) if bias is not None else None
-        dvb = torch.zeros_like(value_bias, memory_format=fmt) if value_bias is not None else None
-        if ea is None:
-            return dq, dk, dv, dbias, dvb
-        deq = torch.zeros_like(eq, memory_format=fmt) if eq is not None else None
-        dea = torch.zeros_like(ea, memory_format=fmt) if need_dea else None
-        return dq, dk, dv, dbias, dvb, dea, deq
-    # Every element is written by a kernel: each target, source and edge
-    # belongs to exactly one program (or to a split row summed once).
-    dq, dk, dv = (torch.empty_like(t, memory_format=fmt) for t in (q, k, v))
-    dbias = torch.empty_like(bias, memory_format=fmt) if bias is not None else None
-    dvb = torch.empty_like(value_bias, memory_format=fmt) if value_bias is not None else None
-    dea = torch.empty_like(ea, memory_format=fmt) if ea is not None and need_dea else None
-    deq = torch.empty_like(eq, memory_format=fmt) if eq is not None else None
+    empty = n * h == 0 or e == 0  # no edge, no gradient: zeros
+    # Otherwise every element is written by a kernel: each target, source and
+    # edge belongs to exactly one program (or to a split row summed once).
+    like = torch.zeros_like if empty else torch.empty_like
+    dq, dk, dv = (like(t, memory_format=fmt) for t in (q, k, v))
+    dbias, dvb, dea, deq = (
+        like(t, memory_format=fmt) if t is not None else None
+        for t in (bias, value_bias, ea if need_dea else None, eq)
+    )
+    if empty:
+        return (dq, dk, dv, dbias, dvb) if ea is None else (dq, dk, dv, dbias, dvb, dea, deq)
     acc_t = acc_dtype(q.dtype)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     grad_out = grad_out.to(q.dtype).contiguous()
@@ -513,10 +508,10 @@ def attention_bwd(
     edge_attr: Tensor | None = None,
     edge_query: Tensor | None = None,
     grad_edge_out: Tensor | None = None,
+    need_dedge_attr: bool = True,
     block_e: int | None = None,
     split_blocks: int | None = None,
     edge_out: Tensor | None = None,
-    need_dedge_attr: bool = True,
 ) -> tuple[Tensor | None, ...]:
     """Gradients of :func:`.attention_fwd` w.r.t. ``q``, ``k``, ``v``, ``bias``, ``value_bias``
     (and ``edge_attr``, ``edge_query``).
@@ -546,14 +541,14 @@ def attention_bwd(
         edge_query: the forward's ``[N, H, F]`` edge queries, or ``None``.
         grad_edge_out: ``[N, H, F]`` the gradient of the forward's
             ``edge_out`` (``None``: zero).
+        need_dedge_attr: ``False`` when ``edge_attr`` needs no gradient: the
+            kernel then compiles without ``dedge_attr``'s sum and store.
         block_e: as in :func:`.attention_fwd`.
         split_blocks: as in :func:`.attention_fwd` (targets in the ``dq``
             pass, sources in the ``dk``/``dv`` pass); not with plans.
         edge_out: the forward's ``edge_out`` (used with ``grad_edge_out``:
             ``D_i`` needs ``grad_edge_out_i . edge_out_i``); recomputed with
             ``out`` (one more forward) when ``grad_edge_out`` is given without it.
-        need_dedge_attr: ``False`` when ``edge_attr`` needs no gradient: the
-            kernel then compiles without ``dedge_attr``'s sum and store.
 
     Returns:
         ``dq``, ``dk``, ``dv`` (typed like ``q``, ``k``, ``v``), ``dbias``
