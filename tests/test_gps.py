@@ -94,9 +94,10 @@ def assert_rel(a: Tensor, b: Tensor, what: str) -> None:
     assert err <= REL * max(scale, 1e-4), f"{what}: max|diff| {err:.3g} vs max|ref| {scale:.3g}"
 
 
-def assert_same(ref, ours, x, ei, batch, **kw) -> None:
+def assert_same(ref, ours, x, ei, batch, backend=None, **kw) -> None:
+    """``ours`` (on ``backend`` for this call when given) against PyG's ``ref``."""
     out_r, g_r = run(ref, x, ei, batch, **kw)
-    out_o, g_o = run(ours, x, ei, batch, **kw)
+    out_o, g_o = run(ours, x, ei, batch, **kw, **({} if backend is None else {"backend": backend}))
     assert_rel(out_o, out_r, "output")
     assert g_o.keys() == g_r.keys()
     for name in g_r:
@@ -111,15 +112,15 @@ def assert_same(ref, ours, x, ei, batch, **kw) -> None:
 @pytest.mark.parametrize("conv", CONVS)
 def test_eval_matches_pyg_outputs_and_gradients(conv: str, heads: int, backend: str) -> None:
     ref, ours = make_pair(conv, heads)
-    ours.backend = backend
     ref.eval(), ours.eval()
     for seed, (name, sizes) in enumerate(BATCHES.items()):
         x, ei, ea, batch = make_batch(sizes, seed)
         kw = {"edge_attr": ea} if conv == "gine" else {}
         try:
-            assert_same(ref, ours, x, ei, batch, **kw)
+            assert_same(ref, ours, x, ei, batch, backend=backend, **kw)
         except AssertionError as err:
             raise AssertionError(f"batch {name}: {err}") from None
+    assert ours.backend == "auto"  # the per-call override left the layer as it was
 
 
 @pytest.mark.parametrize("conv", ["none", "gin"])
@@ -213,8 +214,8 @@ def test_exported_and_backend_for() -> None:
     x = torch.randn(6, 8)
     batch = torch.tensor([0, 1, 1, 1, 1, 1])
     assert conv.backend_for(x, batch).backend == "sdpa"
-    conv.backend = "fused"
-    assert conv.backend_for(x, batch).backend == "fused"
+    assert conv.backend_for(x, batch, backend="fused").backend == "fused"
+    assert GPSConv(8, None, heads=2, backend="fused").backend_for(x, batch).backend == "fused"
 
 
 def test_empty_input() -> None:

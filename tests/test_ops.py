@@ -210,12 +210,20 @@ def test_backend_for_says_why_and_auto_warns_on_large_graphs_on_mp(monkeypatch):
     with pytest.raises(ValueError, match="per-edge score biases"):
         backend_for(q, AttentionGraph.complete(4), backend="sdpa", score_bias=True)
     # No compiled kernel: "auto" falls back to message passing and, on a
-    # large graph, says so once per call site.
+    # large graph, says so once per graph, whatever the warnings filter.
     monkeypatch.setattr(choice_mod.kernels, "get", lambda device: kernels_pkg.reference)
     monkeypatch.setattr(choice_mod, "_WARN_EDGES", 2)
-    with pytest.warns(UserWarning, match="message-passing path"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            gnnattn.attention(q, q, q, sparse)
         choice = backend_for(q, sparse)
+    assert [str(w.message).count("message-passing path") for w in caught] == [1]
+    assert caught[0].filename == __file__  # points at the caller's line
     assert choice.backend == "mp" and "no compiled kernel" in choice.reason
+    again = AttentionGraph(torch.tensor([[0, 1, 2], [1, 2, 3]]), 4)
+    with pytest.warns(UserWarning, match="message-passing path"):
+        gnnattn.attention(q, q, q, again)  # a new graph: warned again
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert backend_for(q, AttentionGraph(torch.tensor([[0], [1]]), 4)).backend == "mp"

@@ -6,7 +6,9 @@ layer and every call. It holds the edges (in the caller's order), the number
 of sources and targets, the structure (complete / causal / window / batched,
 known from the builder or detected once), and, built lazily on first use and
 then kept, the destination CSR (forward, ``dq``) and the transposed CSR
-(``dk``/``dv``). There are no module-level caches anywhere in gnnattn.
+(``dk``/``dv``). No module of gnnattn keeps data about a tensor or a
+graph (its only module-level caches are keyed by kernel modules and source
+files).
 
 Safety. Derived tensors are made outside inference mode, so a graph first
 used under ``torch.inference_mode()`` still trains; lazy builds take the

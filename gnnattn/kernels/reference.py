@@ -88,8 +88,7 @@ def segment_sum(src: Tensor, index: Tensor, n: int) -> Tensor:
 def segment_ptr(index: Tensor, num_segments: int) -> Tensor | None:
     """CSR pointers ``[num_segments + 1]`` of a sorted segment ``index``, or ``None``
     when it is not sorted; ``ValueError`` on ids outside ``[0, num_segments)``."""
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= num_segments):
-        raise ValueError(f"Expected 'index' ids in [0, {num_segments}), got one outside")
+    check_index(index, num_segments, "index")
     if index.numel() > 1 and not bool((index[1:] >= index[:-1]).all()):
         return None
     ptr = torch.zeros(num_segments + 1, dtype=torch.int64, device=index.device)

@@ -192,6 +192,8 @@ class GPSConv(torch.nn.Module):
         x: Tensor,
         edge_index: Adj,
         batch: Tensor | None = None,
+        *,
+        backend: str | None = None,
         **kwargs: Any,
     ) -> Tensor:
         """Local message passing and global attention per graph, then the MLP.
@@ -202,6 +204,8 @@ class GPSConv(torch.nn.Module):
             batch (Tensor, optional): sorted graph id of every node ``[|V|]``
                 (nodes of one graph contiguous, as in a PyG ``Batch``); all
                 nodes form one graph when omitted. (default: :obj:`None`)
+            backend (str, optional): overrides the layer's ``backend`` for this
+                call only. (default: :obj:`None`, the layer's)
             **kwargs: further arguments of ``conv`` (``edge_attr``, ...).
         """
         check_x(x, self.channels)
@@ -213,7 +217,7 @@ class GPSConv(torch.nn.Module):
             h = h + x
             hs.append(self._norm(self.norm1, h, batch))
 
-        h = self._attention(x, graph)  # global attention, per graph
+        h = self._attention(x, graph, backend)  # global attention, per graph
         h = stream_dropout(h, self.dropout, self.training)
         h = h + x
         hs.append(self._norm(self.norm2, h, batch))
@@ -223,7 +227,9 @@ class GPSConv(torch.nn.Module):
         out = out + self.mlp(out)
         return self._norm(self.norm3, out, batch)
 
-    def backend_for(self, x: Tensor, batch: Tensor | None = None) -> BackendChoice:
+    def backend_for(
+        self, x: Tensor, batch: Tensor | None = None, *, backend: str | None = None
+    ) -> BackendChoice:
         """The backend the global attention of ``self(x, edge_index, batch)`` takes, and why.
 
         Example:
@@ -236,7 +242,7 @@ class GPSConv(torch.nn.Module):
         return backend_for(
             x.new_empty(0, self.heads, self.channels // self.heads),
             graph,
-            backend=self.backend,
+            backend=self.backend if backend is None else backend,
             dropout_p=self.attn.dropout if self.training else 0.0,
         )
 
@@ -245,7 +251,7 @@ class GPSConv(torch.nn.Module):
             return h
         return norm(h, batch=batch) if self.norm_with_batch else norm(h)
 
-    def _attention(self, x: Tensor, graph: AttentionGraph) -> Tensor:
+    def _attention(self, x: Tensor, graph: AttentionGraph, backend: str | None) -> Tensor:
         """``attn`` on every graph of ``graph`` (one complete block per graph)."""
         n, h, c = x.shape[0], self.heads, self.channels // self.heads
         attn = self.attn
@@ -255,7 +261,7 @@ class GPSConv(torch.nn.Module):
         out = attention(
             q, k, v, graph,
             dropout_p=attn.dropout if self.training else 0.0,
-            backend=self.backend,
+            backend=self.backend if backend is None else backend,
         )  # fmt: skip
         assert isinstance(out, Tensor)
         return attn.out_proj(out.reshape(n, self.channels))  # (N, D)

@@ -145,10 +145,26 @@ def backend_for(
     else:
         return BackendChoice("fused", f"sparse graph: the fused {q.device.type} kernel")
     if graph.num_edges > _WARN_EDGES and not torch.compiler.is_compiling():
+        _warn_once(graph, choice)
+    return choice
+
+
+def _warn_once(graph: AttentionGraph, choice: BackendChoice) -> None:
+    """Warn that a large graph takes the message-passing path, once per graph.
+
+    The mark lives in the graph's own cache (not in a module-level registry,
+    and not left to the warnings filter, which repeats under ``-W always``),
+    so a training loop over one graph hears it once and a new graph again.
+    """
+
+    def warn() -> bool:
+        # Frames above: derived, _warn_once, backend_for, attention: the caller's line.
         warnings.warn(
             f"gnnattn.attention: backend='auto' takes the message-passing path for a graph of "
             f"more than {_WARN_EDGES:,} edges ({choice.reason}); it materialises |E| x C "
             f"tensors. See gnnattn.backend_for.",
-            stacklevel=3,
+            stacklevel=6,
         )
-    return choice
+        return True
+
+    graph.derived(("warned", "auto takes mp"), warn)

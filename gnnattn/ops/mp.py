@@ -32,8 +32,8 @@ class MessagePassingAttention(MessagePassing):
 
     Has no parameters, buffers or per-call state: it is the formulation, not
     data. One instance, :data:`PROPAGATE`, serves every call (building a
-    ``MessagePassing`` inspects its signatures, 0.5 ms, and cannot be traced
-    by ``torch.compile``).
+    ``MessagePassing`` inspects its signatures, which is slow next to a
+    small call and cannot be traced by ``torch.compile``).
     """
 
     # The arguments of edge_updater / propagate, declared: PyG otherwise reads

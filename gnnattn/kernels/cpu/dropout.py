@@ -21,8 +21,8 @@ Why a 32-bit hash here and not :mod:`._random`'s. The attention kernels hash
 one counter per edge and head inside a loop that is bound by gathers, so
 their uint64 words cost nothing. Here the hash *is* the work: written in
 uint32 (every product truncated back to 32 bits) the loop vectorizes to
-``vpmulld`` on AVX2, about 6x faster than the uint64 form, which has no
-vector multiply there. Within a block the counter's high word is constant
+``vpmulld`` on AVX2, where the uint64 form has no vector multiply and
+stays scalar. Within a block the counter's high word is constant
 unless the low word wraps, which the block checks for (then it takes the
 scalar form).
 """
