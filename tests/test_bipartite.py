@@ -36,9 +36,10 @@ def test_complete_bipartite_equals_mha_cross_attention(m, n):
     # Unsorted edges: the CSR of a graph with M != N sources must sort by (dst, src).
     perm = torch.randperm(ei.shape[1])
     for backend in ("mp", "fused", "auto"):
-        layer.backend = backend
         for edges in (None, ei, ei[:, perm]):
-            out, (ei_out, alpha) = layer((x_src, x_dst), edges, return_attention_weights=True)
+            out, (ei_out, alpha) = layer(
+                (x_src, x_dst), edges, return_attention_weights=True, backend=backend
+            )
             assert out.shape == (n, D)
             assert (out - ref).abs().max() < TOL, backend
             assert (alpha - ref_w[:, ei_out[1], ei_out[0]].T).abs().max() < TOL, backend
@@ -63,8 +64,7 @@ def test_sparse_bipartite_equals_masked_mha():
     x_dst = torch.randn(n, D, dtype=torch.float64)
     ref = mha(x_dst[None], x_src[None], x_src[None], attn_mask=~mask)[0][0]
     for backend in ("mp", "fused"):
-        layer.backend = backend
-        assert (layer((x_src, x_dst), ei) - ref).abs().max() < TOL
+        assert (layer((x_src, x_dst), ei, backend=backend) - ref).abs().max() < TOL
 
 
 def test_bipartite_with_edge_features_and_isolated_targets():
@@ -75,8 +75,7 @@ def test_bipartite_with_edge_features_and_isolated_targets():
     ea = torch.randn(4, 2, dtype=torch.float64)
     outs = []
     for backend in ("mp", "fused"):
-        layer.backend = backend
-        outs.append(layer((x_src, x_dst), ei, ea))
+        outs.append(layer((x_src, x_dst), ei, ea, backend=backend))
     assert (outs[0] - outs[1]).abs().max() < TOL
     assert torch.allclose(outs[0][1], layer.lin_out.bias)
 

@@ -202,8 +202,7 @@ def test_sparse_adjacency_in_pyg_adj_t_convention(layout):
     assert torch.equal(edge_index_to_mask(ei_out, n), edge_index_to_mask(ei, n))
     graph = AttentionGraph(adj)
     assert graph.num_nodes == n and graph.num_edges == ei.shape[1]
-    layer.backend = "fused"
-    assert (layer(x, graph) - ref).abs().max() < TOL
+    assert (layer(x, graph, backend="fused") - ref).abs().max() < TOL
 
 
 def test_bipartite_graph_object_and_edge_index():
@@ -216,8 +215,7 @@ def test_bipartite_graph_object_and_edge_index():
     )  # every target, every source
     for g in (None, AttentionGraph.bipartite(m, n), AttentionGraph(ei, n, num_src=m)):
         for backend in ("mp", "fused", "auto"):
-            layer.backend = backend
-            assert (layer((xs, xd), g) - ref).abs().max() < TOL
+            assert (layer((xs, xd), g, backend=backend) - ref).abs().max() < TOL
     with pytest.raises(ValueError, match="5 source and 3 target rows"):
         layer((xs[:4], xd), AttentionGraph.bipartite(m, n))
 
@@ -261,8 +259,7 @@ def test_graph_dies_with_its_owner():
     ei = random_graph(10, 40)
     ref = weakref.ref(ei)
     for backend in ("mp", "fused", "auto"):
-        layer.backend = backend
-        layer(x, ei).sum().backward()
+        layer(x, ei, backend=backend).sum().backward()
     del ei
     gc.collect()
     assert ref() is None

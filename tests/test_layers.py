@@ -46,9 +46,9 @@ def backends_for(name):
     return ["mp", "fused"] + ([] if name == "sparse" else ["sdpa", "auto"])
 
 
-def make_layer(seed=0, heads=3, dim=12):
+def make_layer(seed=0, heads=3, dim=12, **kw):
     torch.manual_seed(seed)
-    layer = SelfAttentionConv(dim, num_heads=heads).double()
+    layer = SelfAttentionConv(dim, num_heads=heads, **kw).double()
     with torch.no_grad():  # non-zero biases, so that bias handling is tested
         for p in layer.parameters():
             p.add_(torch.randn_like(p) * 0.3)
@@ -71,8 +71,7 @@ def test_self_attention_conv_equals_dense(name):
     ref_grads = grads(layer, x, ref)
     ref_w = dense_attention_weights(layer, x, mask)  # (H, N, N)
     for backend in backends_for(name):
-        layer.backend = backend
-        out, (ei_out, alpha) = layer(x, ei, return_attention_weights=True)
+        out, (ei_out, alpha) = layer(x, ei, return_attention_weights=True, backend=backend)
         assert torch.equal(ei_out, ei)
         assert (out - ref).abs().max() < TOL, backend
         assert (alpha - ref_w[:, ei[1], ei[0]].T).abs().max() < TOL, backend
@@ -100,9 +99,7 @@ def test_simplified_attention_equals_dense(name):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("backend", ["mp", "sdpa", "fused", "auto"])
 def test_implicit_graphs_and_batch(causal, backend):
-    layer = make_layer()
-    layer.causal = causal
-    layer.backend = backend
+    layer = make_layer(causal=causal, backend=backend)
     x = torch.randn(N, 12, dtype=torch.float64)
     builder = causal_graph if causal else complete_graph
     assert (layer(x) - dense_self_attention(layer, x, is_causal=causal)).abs().max() < TOL
@@ -141,8 +138,7 @@ def test_from_torch_equals_mha(bias, causal):
     layer = SelfAttentionConv.from_torch(mha, causal=causal)
     assert layer.lin_query.weight.dtype == torch.float64
     for backend in ("mp", "sdpa", "fused"):
-        layer.backend = backend
-        out, (ei, alpha) = layer(x[0], return_attention_weights=True)
+        out, (ei, alpha) = layer(x[0], return_attention_weights=True, backend=backend)
         assert (out - ref[0]).abs().max() < TOL
         assert (alpha - ref_w[0][:, ei[1], ei[0]].T).abs().max() < TOL
     back = layer.to_torch()
@@ -156,8 +152,7 @@ def test_isolated_targets_get_output_bias():
     x = torch.randn(4, 12, dtype=torch.float64, requires_grad=True)
     ei = torch.tensor([[0, 1], [1, 1]])  # only node 1 receives messages
     for backend in ("mp", "fused"):
-        layer.backend = backend
-        out = layer(x, ei)
+        out = layer(x, ei, backend=backend)
         for i in (0, 2, 3):
             assert torch.allclose(out[i], layer.lin_out.bias)
         g = torch.autograd.grad(out.sum(), x)[0]
@@ -169,12 +164,10 @@ def test_empty_graph_and_single_node():
     x = torch.randn(3, 12, dtype=torch.float64)
     empty = torch.zeros(2, 0, dtype=torch.long)
     for backend in ("mp", "fused"):
-        layer.backend = backend
-        out, (_, alpha) = layer(x, empty, return_attention_weights=True)
+        out, (_, alpha) = layer(x, empty, return_attention_weights=True, backend=backend)
         assert alpha.shape == (0, 3)
         assert torch.allclose(out, layer.lin_out.bias.expand(3, -1))
     one = torch.randn(1, 12, dtype=torch.float64)
-    layer.backend = "auto"
     # One token attends only to itself: the output is W_O v + b_O.
     expected = layer.lin_out(layer.lin_value(one))
     assert (layer(one) - expected).abs().max() < TOL

@@ -52,8 +52,7 @@ def test_layer_equals_torch_encoder_layer(norm_first, activation, causal):
     batch = torch.arange(b).repeat_interleave(s)
     flat = x.reshape(b * s, D)  # (B*S, D): one node per token, one graph per sequence
     for backend in ("mp", "sdpa", "fused"):
-        layer.self_attn.backend = backend
-        out = layer(flat, batch=batch)
+        out = layer(flat, batch=batch, backend=backend)
         assert (out - ref.reshape(b * s, D)).abs().max() < TOL, backend
         assert (grads(out, [x])[0] - ref_g).abs().max() < TOL, backend
     builder = causal_graph if causal else complete_graph
@@ -286,10 +285,8 @@ def test_autocast_bfloat16_on_cpu():
     batch = torch.arange(2).repeat_interleave(9)
     ref = model(x, batch=batch)
     for backend in ("mp", "sdpa", "fused"):
-        for i in range(2):
-            model._layer(i).self_attn.backend = backend
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = model(x, batch=batch)
+            out = model(x, batch=batch, backend=backend)
         assert torch.isfinite(out).all()
         assert (out.float() - ref).abs().max() < 0.15, backend
         out.float().sum().backward()
