@@ -19,8 +19,7 @@ run, bit for bit) and accumulate in float32 registers rather than in the
 output dtype; float16/bfloat16 ``atomic_add`` into ``[M, H, C]`` would round
 at every add and serialise on the rows of high out-degree sources. The price is
 one ``O(E log E)`` sort per graph (kept by :class:`gnnattn.AttentionGraph`)
-and recomputing each score twice (once per backward kernel), which
-FlashAttention-2 also pays.
+and recomputing each score twice (once per backward kernel), as FlashAttention-2.
 
 Edge features (``HAS_EA``, ``a_ij`` ``[F]`` per edge in CSR order): the
 score's ``edge_query_i . a_ij`` (``HAS_EQ``) is recomputed in both passes,
@@ -181,12 +180,13 @@ def _attn_bwd_dq(
             if HAS_EQ:
                 deq += tl.sum(ds[:, :, None] * at[:, None, :], 0)
             if HAS_DEA:  # (implies HAS_EA)
-                # d a_ij sums over heads: this program owns edge ij's row.
+                # d a_ij sums over heads (reduced last: compiled on an H200, triton
+                # 3.6, a middle-axis sum came out ~2x); this program owns row ij.
                 dea = tl.zeros([BLOCK_E, BLOCK_F], ACC)
                 if HAS_EQ:
-                    dea += tl.sum(ds[:, :, None] * eq[None, :, :], 1)
+                    dea += tl.sum(ds[:, None, :] * tl.trans(eq)[None, :, :], 2)
                 if HAS_GE:
-                    dea += tl.sum(kept[:, :, None] * ge[None, :, :], 1)
+                    dea += tl.sum(kept[:, None, :] * tl.trans(ge)[None, :, :], 2)
                 amask = emask[:, None] & (fs < F)[None, :]
                 dea_offs = edges[:, None] * F + fs[None, :]
                 tl.store(dea_ptr + dea_offs, dea.to(dea_ptr.dtype.element_ty), mask=amask)
