@@ -30,8 +30,8 @@ from torch import Tensor
 
 from .checks import check_int
 from .graphs import check_edge_index
+from .kernels import COMPILED, reference
 from .kernels import get as get_kernels
-from .kernels import reference
 from .kernels.common import acc_dtype
 
 __all__ = [
@@ -100,20 +100,11 @@ def _segment_ptr(index: Tensor, n: int) -> Tensor | None:
 
 
 class _ScatterSoftmax(torch.autograd.Function):
-    """Autograd function on ``src`` ``[E, F]``: saves only the output.
-
-    With ``ptr`` (the index is sorted and the input large) the compiled
-    kernels run; without, the torch ops above.
-    """
+    """Autograd function of the torch ops on ``src`` ``[E, F]``: saves only the output."""
 
     @staticmethod
-    def forward(ctx, src: Tensor, index: Tensor, n: int, ptr: Tensor | None):  # type: ignore[override]
-        x = src.to(acc_dtype(src.dtype))
-        if ptr is not None:
-            y = get_kernels(src.device).segment_softmax_fwd(x.contiguous(), ptr)
-        else:
-            y = reference.segment_softmax(x, index, n)
-        ctx.ptr = ptr
+    def forward(ctx, src: Tensor, index: Tensor, n: int):  # type: ignore[override]
+        y = reference.segment_softmax(src.to(acc_dtype(src.dtype)), index, n)
         ctx.save_for_backward(y, index)
         ctx.n = n
         return y.to(src.dtype)
@@ -122,20 +113,12 @@ class _ScatterSoftmax(torch.autograd.Function):
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         y, index = ctx.saved_tensors
         g = grad.to(y.dtype)
-        if ctx.ptr is not None:
-            dx = get_kernels(y.device).segment_softmax_bwd(y, g.contiguous(), ctx.ptr)
-        else:
-            dot = reference.segment_sum(g * y, index, ctx.n)
-            dx = y * (g - dot[index])
-        return dx.to(grad.dtype), None, None, None
+        dot = reference.segment_sum(g * y, index, ctx.n)
+        return (y * (g - dot[index])).to(grad.dtype), None, None
 
 
 def _kernel_ok(flat: Tensor) -> bool:
-    return (
-        flat.numel() >= _KERNEL_MIN_NUMEL
-        and flat.device.type in ("cpu", "cuda")
-        and not torch.compiler.is_compiling()
-    )
+    return flat.numel() >= _KERNEL_MIN_NUMEL and flat.device.type in COMPILED
 
 
 def segment_softmax(src: Tensor, index: Tensor, n: int, *, ptr: Tensor | None = None) -> Tensor:
@@ -144,12 +127,15 @@ def segment_softmax(src: Tensor, index: Tensor, n: int, *, ptr: Tensor | None = 
     For callers that already know their input is valid (the operator's
     message-passing backend): ``index`` int64 ``[E]`` with ids below ``n``;
     ``ptr`` ``[n + 1]``, when given, the CSR pointers of a sorted ``index``
-    (a graph's, made once), with which the compiled kernels run.
+    (a graph's, made once), with which the compiled kernels run (the operator
+    ``torch.ops.gnnattn.segment_softmax_fwd``).
     """
     flat = src.reshape(src.shape[0], math.prod(src.shape[1:]))  # (E, F)
-    if not _kernel_ok(flat):
-        ptr = None
-    out = _ScatterSoftmax.apply(flat, index.long(), n, ptr)
+    if ptr is not None and _kernel_ok(flat):
+        x = flat.to(acc_dtype(src.dtype)).contiguous()
+        out = torch.ops.gnnattn.segment_softmax_fwd(x, ptr).to(src.dtype)
+    else:
+        out = _ScatterSoftmax.apply(flat, index.long(), n)
     return out.view(src.shape)
 
 
@@ -190,7 +176,7 @@ def scatter_softmax(
     # Large inputs: one pass over the index tells whether it is sorted and, if
     # so, where the segments start (the kernels' CSR pointers).
     ptr = _segment_ptr(index, n) if _kernel_ok(flat) else None
-    out = _ScatterSoftmax.apply(flat, index.long(), n, ptr)
+    out = segment_softmax(flat, index, n, ptr=ptr)
     return out.view(x.shape).movedim(0, dim)
 
 

@@ -308,7 +308,6 @@ class GraphPart:
         *,
         scale: float | None = None,
         score_bias: Tensor | None = None,
-        value_bias: Tensor | None = None,
         dropout_p: float = 0.0,
         backend: str = "auto",
         need_weights: bool = False,
@@ -335,7 +334,6 @@ class GraphPart:
         ne = self._layout.num_interior_edges
         edge: dict[str, Any] = {
             "score_bias": score_bias,
-            "value_bias": value_bias,
             "edge_attr": edge_attr,
         }
         for name, t in edge.items():

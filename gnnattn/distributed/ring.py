@@ -542,7 +542,6 @@ class SequencePart:
         *,
         scale: float | None = None,
         score_bias: Tensor | None = None,
-        value_bias: Tensor | None = None,
         dropout_p: float = 0.0,
         backend: str = "auto",
         need_weights: bool = False,
@@ -554,8 +553,8 @@ class SequencePart:
         """:func:`gnnattn.attention`'s signature on this rank's rows (backend ``"ring"``).
 
         Every rank of the group calls it together (and the backward pass).
-        The per-edge options (``score_bias``, ``value_bias``, ``edge_attr``,
-        ``edge_key``, ``edge_value``), dropout and ``need_weights`` raise a
+        The per-edge options (``score_bias``, ``edge_attr``, ``edge_key``,
+        ``edge_value``), dropout and ``need_weights`` raise a
         ``ValueError``; ``backend`` is ``"auto"`` or ``"ring"`` (the blocks are
         dense matmuls whatever the backend, so naming another one is an error).
 
@@ -563,7 +562,7 @@ class SequencePart:
             ``out`` ``[T_local, H, Cv]``, or ``AttentionOutput(out, lse, None, "ring")``
             with ``return_lse``.
         """
-        edges = {"score_bias": score_bias, "value_bias": value_bias, "edge_attr": edge_attr}
+        edges = {"score_bias": score_bias, "edge_attr": edge_attr}
         edges.update(edge_key=edge_key, edge_value=edge_value)
         for option, value in edges.items():
             if value is not None:

@@ -35,6 +35,19 @@ def is_sorted_by_target(edge_index: Tensor) -> bool:
     return bool(ok.all())
 
 
+def _counts(ids: Tensor, n: int) -> Tensor:
+    """How often each id in ``[0, n)`` occurs, ``[n]`` int64.
+
+    ``bincount``'s result has a data-dependent length (it grows past ``n``
+    with a larger id), which ``torch.compile`` cannot trace; there the same
+    counts come from a scatter of ones into ``n`` slots.
+    """
+    if not torch.compiler.is_compiling():
+        return torch.bincount(ids, minlength=n)
+    ones = torch.ones_like(ids, dtype=torch.int64)
+    return torch.zeros(n, dtype=torch.int64, device=ids.device).index_add_(0, ids.long(), ones)
+
+
 def _target_order(edge_index: Tensor, num_src: int | None) -> Tensor:
     """The stable permutation that sorts edges by target, then source."""
     src, dst = edge_index[0].long(), edge_index[1].long()
@@ -97,10 +110,12 @@ def to_csr(edge_index: Tensor, num_nodes: int, num_src: int | None = None) -> CS
     dst = edge_index[1].long()
     perm: Tensor | None = None
     col = edge_index[0].long()
-    if e > 1 and not bool((dst[1:] >= dst[:-1]).all()):
+    # Inside torch.compile the order is not read (a data-dependent branch): the
+    # edges are sorted, which keeps any order correct.
+    if e > 1 and (torch.compiler.is_compiling() or not bool((dst[1:] >= dst[:-1]).all())):
         perm = _target_order(edge_index, num_src)
         col = col[perm]  # the sources only, not a [2, E] copy
-    counts = torch.bincount(dst, minlength=num_nodes) if e else dst.new_zeros(num_nodes)
+    counts = _counts(dst, num_nodes)
     ptr = torch.zeros(num_nodes + 1, dtype=torch.long, device=edge_index.device)
     torch.cumsum(counts, 0, out=ptr[1:])
     return CSR(ptr, col.contiguous(), perm)
@@ -162,10 +177,10 @@ def transpose_csr(
     e = col.numel()
     n = ptr.numel() - 1
     tptr = torch.zeros(num_src + 1, dtype=torch.int64, device=col.device)
-    if not e:
+    if not e and not torch.compiler.is_compiling():
         empty = torch.zeros(0, dtype=dtype, device=col.device)
         return CSC(tptr, empty, empty)
-    torch.cumsum(torch.bincount(col, minlength=num_src), 0, out=tptr[1:])
+    torch.cumsum(_counts(col, num_src), 0, out=tptr[1:])
     tperm = torch.sort(col, stable=True).indices
     # The target of each CSR position, made in the narrow dtype directly
     # (at 32M edges an int64 copy is 256 MB more at the build's peak).

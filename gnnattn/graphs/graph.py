@@ -308,6 +308,57 @@ class AttentionGraph:
                 cache[key] = build()
         return cache[key]
 
+    def peek(self, key: Hashable) -> Any:
+        """What :meth:`derived` holds for ``key``, or ``None`` when it was not made."""
+        return self._cache.get(key)
+
+    def kernel_layout(self, layout: str) -> tuple[Tensor, ...]:
+        """The index tensors of the fused kernels for ``layout``, in the width the device's
+        kernels take: ``"csr"`` ``(ptr, col)``, ``"csc"`` ``(tptr, trow, tperm)``.
+
+        On the CPU as held (int32 where narrow); int64 elsewhere (Triton's).
+        """
+        t = tuple(self.csr[:2]) if layout == "csr" else tuple(self.csc)
+        if self._device.type == "cpu":
+            return t
+        return self.derived((layout, "int64"), lambda: tuple(x.long() for x in t))
+
+    def kernel_plan(self, layout: str) -> list[Tensor]:
+        """The fused kernels' checked work plan of ``layout`` (``"csr"`` or ``"csc"``),
+        as the operators take it (tensors); made once, on first use.
+
+        Inside ``torch.compile`` a plan not yet made is not made (that reads the
+        indices) and the list is empty: the operator then checks and plans
+        inside its call, which is correct, only slower. One eager call or
+        :meth:`prepare` makes the plans before compiling.
+        """
+        key = ("plan", self._device.type, layout)
+        if torch.compiler.is_compiling():
+            return self.peek(key) or []
+        from ..kernels.library import plan_tensors
+
+        idx = self.kernel_layout(layout)
+        if layout == "csr":
+            return self.derived(key, lambda: plan_tensors(idx[0], idx[1], self.num_src))
+        return self.derived(key, lambda: plan_tensors(idx[0], idx[1], self.num_dst, perm=idx[2]))
+
+    def prepare(self, backward: bool = True) -> AttentionGraph:
+        """Make what the fused kernels read (the CSR, with ``backward`` the transposed
+        CSR, and their plans) now rather than on first use; returns the graph.
+
+        Before ``torch.compile`` or ``torch.export``: the compiled call then
+        finds them, instead of planning inside every call.
+
+        Example:
+            >>> g = AttentionGraph(torch.tensor([[0, 1, 2], [1, 2, 0]])).prepare()
+            >>> len(g.kernel_plan("csr")) > 0 or g.device.type != "cpu"
+            True
+        """
+        self.kernel_plan("csr")
+        if backward:
+            self.kernel_plan("csc")
+        return self
+
     def _set_edges(self, edge_index: Tensor | None) -> None:
         self._edge_index = edge_index
         self._edge_version = edge_index._version if edge_index is not None else None

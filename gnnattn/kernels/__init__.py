@@ -38,22 +38,36 @@ anything and works without numba or triton.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 import torch
 
 from . import reference
 
-__all__ = ["get", "reference"]
+__all__ = ["COMPILED", "get", "library", "reference"]
+
+#: The compiled kernel module of each device type, and the package it needs.
+_MODULES = {"cpu": ("cpu", "numba"), "cuda": ("triton_ops", "triton")}
+
+#: The device types with compiled kernels in this environment (their package
+#: is installed): found once at import, without importing numba or triton.
+COMPILED = frozenset(
+    dev for dev, (_, pkg) in _MODULES.items() if importlib.util.find_spec(pkg) is not None
+)
 
 
 def get(device: torch.device) -> ModuleType:
     """The kernel module for ``device``: compiled where possible, else the reference."""
-    name = {"cuda": "triton_ops", "cpu": "cpu"}.get(device.type)
-    if name is None:
+    if device.type not in COMPILED:
         return reference
+    name = _MODULES[device.type][0]
     try:
         return importlib.import_module(f"{__name__}.{name}")
     except ImportError:
         # numba / triton missing: the pure-torch reference computes the same.
         return reference
+
+
+# Registers the operators (torch.ops.gnnattn.*); imports no kernel module.
+from . import library  # noqa: E402

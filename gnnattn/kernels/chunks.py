@@ -45,6 +45,8 @@ __all__ = [
     "chunk_plan",
     "chunk_range",
     "plan",
+    "plan_from_tensors",
+    "plan_tensors",
 ]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -202,6 +204,29 @@ def plan(
     chunks = chunk_plan(ptr, col.numel(), chunk)
     check_grid(chunks.grid)
     return TritonPlan(ptr, col, int(num_cols), chunk, chunks)
+
+
+def plan_tensors(
+    ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`plan` as the operators take it: the chunk tables ``(chunk_ptr, chunk_seg,
+    split, rank)``, at :data:`DEFAULT_CHUNK` (the grid sizes are their lengths)."""
+    ch = plan(ptr, col, num_cols, perm=perm).chunks
+    return ch.chunk_ptr, ch.chunk_seg, ch.split, ch.rank
+
+
+def plan_from_tensors(
+    ptr: Tensor,
+    col: Tensor,
+    num_cols: int,
+    tensors: list[Tensor],
+    *,
+    perm: Tensor | None = None,
+) -> TritonPlan:
+    """The :class:`TritonPlan` of :func:`plan_tensors`' result (nothing is read on the host)."""
+    chunk_ptr, chunk_seg, split, rank = tensors
+    chunks = ChunkPlan(chunk_ptr, chunk_seg, chunk_seg.numel(), split, rank, split.numel())
+    return TritonPlan(ptr.contiguous(), col.contiguous(), int(num_cols), DEFAULT_CHUNK, chunks)
 
 
 def acc_tl(dtype: torch.dtype) -> tl.dtype:

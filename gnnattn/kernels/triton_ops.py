@@ -3,7 +3,7 @@
 The functions of :mod:`gnnattn.kernels.reference`, with the same signatures
 and return conventions, implemented by :mod:`gnnattn.kernels.triton_softmax`
 (segment softmax) and :mod:`gnnattn.kernels.triton_attention` (fused sparse
-attention, with score bias, value bias, dropout and raw edge features
+attention, with score bias, dropout and raw edge features
 ``edge_attr`` / ``edge_query``), and :func:`plan`
 (:func:`gnnattn.kernels.chunks.plan`): the checked, chunked CSR that a graph
 keeps and passes as ``plan=`` / ``csc_plan=``, so that a call makes no host
@@ -20,7 +20,7 @@ under ``TRITON_INTERPRET=1`` on CPU; not yet run on a GPU.
 
 from __future__ import annotations
 
-from .chunks import TritonPlan, plan
+from .chunks import TritonPlan, plan, plan_from_tensors, plan_tensors
 from .triton_attention import attention_bwd, attention_fwd
 from .triton_softmax import segment_softmax_bwd, segment_softmax_fwd
 
@@ -29,6 +29,8 @@ __all__ = [
     "attention_bwd",
     "attention_fwd",
     "plan",
+    "plan_from_tensors",
+    "plan_tensors",
     "segment_softmax_bwd",
     "segment_softmax_fwd",
 ]

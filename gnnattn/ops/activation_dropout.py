@@ -6,8 +6,9 @@ on the CPU: the keep decision of each element is a keyed hash of its position
 the backward regenerates it. On the CPU that is several times faster than
 torch's dropout (a serial Mersenne Twister and three passes; ``gnnattn bench
 --suite train`` measures the model it serves). Elsewhere (CUDA, float16,
-bfloat16, inside ``torch.compile``, or without numba) it is torch's own
-dropout, which is already fast there. Either way the same
+bfloat16, or without numba) it is torch's own dropout, which is already fast
+there. The kernels are operators (``torch.ops.gnnattn.dropout``,
+``relu_dropout``), so a compiled model runs them too. Either way the same
 ``torch.manual_seed`` gives the same mask, and each element is kept with
 probability ``1 - p`` and scaled by ``1 / (1 - p)``.
 
@@ -18,54 +19,24 @@ reads only the output (no mask, no hash): the feed-forward of
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .. import kernels
 from ..checks import check_float
-from ..kernels.common import Dropout, draw_dropout
+from ..kernels.library import draw_key
 
 __all__ = ["dropout", "relu_dropout"]
 
 
-class _StreamDropout(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, key: Dropout, kern: Any) -> Tensor:
-        ctx.key, ctx.kern = key, kern
-        return kern.dropout(x, key)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        return ctx.kern.dropout(grad, ctx.key), None, None
-
-
-class _StreamReluDropout(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, key: Dropout, kern: Any) -> Tensor:
-        y = kern.relu_dropout(x, key)
-        # The output, not the input or a mask: the next linear layer keeps it
-        # for its own backward anyway, so this costs no memory.
-        ctx.save_for_backward(y)
-        ctx.scale, ctx.kern = key.scale, kern
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        (y,) = ctx.saved_tensors
-        return ctx.kern.relu_dropout_bwd(y, grad, ctx.scale), None, None
-
-
-def _compiled(x: Tensor) -> Any:
-    """The module whose ``dropout`` kernel serves ``x``, or ``None`` for torch's."""
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
-        return None
-    if torch.compiler.is_compiling():
-        return None
-    kern = kernels.get(x.device)
-    return None if kern is kernels.reference else kern
+def _stream(x: Tensor) -> bool:
+    """Whether the stream's compiled kernel serves ``x`` (else torch's dropout)."""
+    return (
+        x.device.type == "cpu"
+        and "cpu" in kernels.COMPILED
+        and x.dtype in (torch.float32, torch.float64)
+    )
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
@@ -93,10 +64,9 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     check_float(p, "p", lo=0.0, hi=1.0)
     if not training or p == 0.0:
         return x
-    kern = _compiled(x)
-    if kern is None:
+    if not _stream(x):
         return F.dropout(x, p, training=True)
-    return _StreamDropout.apply(x, draw_dropout(p), kern)
+    return torch.ops.gnnattn.dropout(x, draw_key(), p)
 
 
 def relu_dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
@@ -108,7 +78,7 @@ def relu_dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     The mask is :func:`dropout`'s (the same ``torch.manual_seed`` gives the
     same ``y``, bit for bit); the backward is ``grad / (1 - p)`` where
     ``y > 0``, read from the output. Outside the compiled kernels (CUDA,
-    half precision, ``torch.compile``) it is ``F.dropout(F.relu(x), p)``.
+    half precision) it is ``F.dropout(F.relu(x), p)``.
 
     Args:
         x (torch.Tensor): any shape.
@@ -132,7 +102,6 @@ def relu_dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     check_float(p, "p", lo=0.0, hi=1.0)
     if not training or p == 0.0:
         return F.relu(x)
-    kern = _compiled(x)
-    if kern is None:
+    if not _stream(x):
         return F.dropout(F.relu(x), p, training=True)
-    return _StreamReluDropout.apply(x, draw_dropout(p), kern)
+    return torch.ops.gnnattn.relu_dropout(x, draw_key(), p)

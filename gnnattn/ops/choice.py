@@ -1,44 +1,82 @@
-"""Which backend a call of :func:`gnnattn.attention` takes, and why: one function, one table.
+"""Which backend a call of :func:`gnnattn.attention` takes, and why: declarations, one function.
+
+Each backend declares what it takes, as data (:class:`Declaration`, in
+:data:`DECLARATIONS`); :func:`backend_for` reads the declarations and the
+call, never the backends' code. ``"auto"`` takes, in order:
 
 =========================================  ==========================================
 the call                                    ``backend="auto"`` takes
 =========================================  ==========================================
 complete / causal graph (or batched), or a  ``"sdpa"``: the dense fused kernel of
 window filling > 1/4 of the matrix; no      :func:`torch.nn.functional.scaled_dot_product_attention`
-edge score or value bias
-inside ``torch.compile``                    ``"mp"``: the compiled kernels are not traced
-no compiled kernel for the device           ``"mp"`` (numba / triton not installed)
-raw edge features (``edge_attr``) and a     ``"mp"``, saying so (the numba and Triton
-kernel module without that option           kernels both take them)
-anything else (dropout and edge             ``"fused"``: the sparse kernel over the CSR
-features included)                          (numba on the CPU, Triton on CUDA)
+edge score bias or edge features
+a device with compiled kernels (numba on    ``"fused"``: the sparse kernel over the CSR
+the CPU, Triton on CUDA)                    (dropout and edge features included)
+anything else                               ``"mp"`` (message passing, the reference)
 =========================================  ==========================================
 
-An explicit backend is taken as asked, or refused with a ``ValueError`` that
-says why (``"sdpa"`` needs a structured square graph and no edge biases).
+The same inside ``torch.compile`` and ``torch.export``: the kernels are
+operators (:mod:`gnnattn.kernels.library`). An explicit backend is taken as
+asked, or refused with a ``ValueError`` that says why.
 """
 
 from __future__ import annotations
 
-import inspect
 import warnings
-from functools import cache
-from types import ModuleType
 from typing import NamedTuple
 
 import torch
 
-from .. import kernels
 from ..checks import check_choice
 from ..graphs import AttentionGraph
+from ..kernels import COMPILED
 
-__all__ = ["BACKENDS", "BackendChoice", "backend_for", "check_backend"]
+__all__ = [
+    "BACKENDS",
+    "DECLARATIONS",
+    "BackendChoice",
+    "Declaration",
+    "backend_for",
+    "check_backend",
+]
 
 BACKENDS = ("auto", "mp", "sdpa", "fused")
 
 # Above this many edges the message-passing path's |E| x C tensors cost
 # gigabytes and seconds: "auto" says so when it has to take it.
 _WARN_EDGES = 1_000_000
+
+_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
+class Declaration(NamedTuple):
+    """What a backend takes, declared.
+
+    Attributes:
+        options: the call options it computes: ``"score_bias"``,
+            ``"edge_attr"``, ``"bipartite"`` (cross-attention), ``"dropout"``.
+        graphs: ``"any"`` edge set, or ``"structured"`` (a graph of known
+            structure: complete, causal, batched, window).
+        devices: the device types it runs compiled code on (``None``: any,
+            through torch ops); ``"auto"`` takes it only on those.
+        dtypes: the floating dtypes it takes.
+    """
+
+    options: frozenset[str]
+    graphs: str
+    devices: frozenset[str] | None
+    dtypes: frozenset[torch.dtype] = _FLOATS
+
+
+_ALL_OPTIONS = frozenset({"score_bias", "edge_attr", "bipartite", "dropout"})
+
+#: The backends' declarations (``"fused"`` runs the torch reference of its
+#: kernels where none is compiled, when asked for by name).
+DECLARATIONS: dict[str, Declaration] = {
+    "mp": Declaration(_ALL_OPTIONS, "any", None),
+    "sdpa": Declaration(frozenset({"dropout"}), "structured", None),
+    "fused": Declaration(_ALL_OPTIONS, "any", COMPILED),
+}
 
 
 class BackendChoice(NamedTuple):
@@ -66,24 +104,24 @@ def check_backend(backend: str) -> str:
     return backend
 
 
-def _sdpa_refusal(graph: AttentionGraph, has_bias: bool) -> str | None:
-    """Why SDPA cannot run this call, or ``None`` when it can."""
-    if graph.is_bipartite:
-        return "does not do cross-attention (a pair (x_src, x_dst) or a bipartite graph)"
-    if has_bias:
-        return "does not take per-edge score biases or value biases (edge features)"
-    if graph.structure is None:
+def _refusal(name: str, graph: AttentionGraph, options: frozenset[str]) -> str | None:
+    """Why the declared backend ``name`` cannot run this call, or ``None`` when it can."""
+    decl = DECLARATIONS[name]
+    missing = sorted(options - decl.options)
+    if missing:
+        what = {
+            "bipartite": "cross-attention (a pair (x_src, x_dst) or a bipartite graph)",
+            "score_bias": "per-edge score biases",
+            "edge_attr": "edge features (edge_attr)",
+            "dropout": "attention dropout",
+        }
+        return "does not take " + " or ".join(what[m] for m in missing)
+    if decl.graphs == "structured" and graph.structure is None:
         return (
             "needs a graph of known structure (complete, causal, their batched versions "
             "or a sliding window); this edge set has none"
         )
     return None
-
-
-@cache
-def _takes_edge_attr(kern: ModuleType) -> bool:
-    """Whether a kernel module's ``attention_fwd`` takes raw edge features."""
-    return "edge_attr" in inspect.signature(kern.attention_fwd).parameters
 
 
 def backend_for(
@@ -92,58 +130,53 @@ def backend_for(
     *,
     backend: str = "auto",
     score_bias: bool = False,
-    value_bias: bool = False,
     dropout_p: float = 0.0,
     edge_attr: bool = False,
 ) -> BackendChoice:
     """The backend :func:`gnnattn.attention` takes for these arguments, and why.
+
+    Reads the declarations of :data:`DECLARATIONS`, the graph's structure and
+    the device of ``q``; the same inside ``torch.compile`` as outside.
 
     Args:
         q (Tensor): the queries (only their device matters).
         graph (AttentionGraph): the graph of the call.
         backend (str, optional): as passed to the call. (default: ``"auto"``)
         score_bias (bool, optional): the call has a score bias. (default: :obj:`False`)
-        value_bias (bool, optional): the call has a value bias. (default: :obj:`False`)
         dropout_p (float, optional): attention dropout of the call; every
             backend has it. (default: ``0.0``)
         edge_attr (bool, optional): the call has raw edge features
-            (``edge_attr`` with ``edge_key`` / ``edge_value``); SDPA does not
-            take them; the fused kernels (numba on the CPU, Triton on CUDA)
-            do. A kernel module without the option (none ships) sends the
-            call to ``"mp"``, asked for ``"fused"`` or not, with the reason.
+            (``edge_attr`` with ``edge_key`` / ``edge_value``).
             (default: :obj:`False`)
 
     Raises:
-        ValueError: ``backend="sdpa"`` where SDPA cannot compute the call.
+        ValueError: an explicit backend that cannot compute the call.
     """
     check_backend(backend)
-    has_bias = score_bias or value_bias or edge_attr
-    if edge_attr and backend in ("auto", "fused") and not torch.compiler.is_compiling():
-        kern = kernels.get(q.device)
-        if not _takes_edge_attr(kern):
-            return BackendChoice(
-                "mp",
-                f"the fused {q.device.type} kernel does not take raw edge features "
-                f"(edge_attr): the message-passing path",
-            )
-    if backend == "sdpa":
-        why = _sdpa_refusal(graph, has_bias)
-        if why is not None:
-            raise ValueError(f"backend='sdpa' {why}. Use 'fused' or 'mp' (or 'auto').")
-        return BackendChoice("sdpa", "asked for")
+    options = frozenset(
+        name
+        for name, on in (
+            ("score_bias", score_bias),
+            ("edge_attr", edge_attr),
+            ("bipartite", graph.is_bipartite),
+            ("dropout", dropout_p > 0),
+        )
+        if on
+    )
     if backend != "auto":
+        why = _refusal(backend, graph, options)
+        if why is not None:
+            raise ValueError(f"backend={backend!r} {why}. Use 'fused' or 'mp' (or 'auto').")
         return BackendChoice(backend, "asked for")
-    s = graph.structure if not (has_bias or graph.is_bipartite) else None
+    s = graph.structure if _refusal("sdpa", graph, options - {"dropout"}) is None else None
     if s is not None and (s.kind in ("complete", "causal") or graph.density > 0.25):
         return BackendChoice("sdpa", f"{s.kind.replace('_', ' ')} graph: the dense SDPA kernel")
-    if torch.compiler.is_compiling():
-        choice = BackendChoice("mp", "inside torch.compile, which cannot trace the fused kernels")
-    elif kernels.get(q.device) is kernels.reference:
-        choice = BackendChoice(
-            "mp", f"no compiled kernel for {q.device.type} (numba or triton is not installed)"
-        )
-    else:
+    fused = DECLARATIONS["fused"].devices
+    if fused is not None and q.device.type in fused:
         return BackendChoice("fused", f"sparse graph: the fused {q.device.type} kernel")
+    choice = BackendChoice(
+        "mp", f"no compiled kernel for {q.device.type} (numba or triton is not installed)"
+    )
     if graph.num_edges > _WARN_EDGES and not torch.compiler.is_compiling():
         _warn_once(graph, choice)
     return choice

@@ -6,8 +6,8 @@ r"""The ``"mp"`` backend: attention as PyG message passing, the reference.
     o_i = \sum_{j \in \mathcal{N}(i)} \alpha_{ij} m_{ij} \,(v_j + e_{ij})
 
 with the dropout factor :math:`m_{ij}` (0, or :math:`1/(1-p)` where the
-stream keeps the edge) and the value bias :math:`e_{ij}`. Every other backend
-is tested equal to this one. It materialises ``|E| x C`` tensors (the gathered
+stream keeps the edge) and the edge features' value term
+:math:`e_{ij} = W_v a_{ij}`. Every other backend is tested equal to this one. It materialises ``|E| x C`` tensors (the gathered
 keys, values and messages), as PyG's ``TransformerConv`` does.
 """
 
@@ -21,8 +21,8 @@ from torch_geometric.nn import MessagePassing
 
 from ..graphs import AttentionGraph
 from ..kernels import reference
-from ..kernels.common import Dropout, dropout_keep
 from ..softmax import segment_softmax
+from .args import AttentionArgs
 
 __all__ = ["PROPAGATE", "MessagePassingAttention", "dropout_mask", "mp_attention"]
 
@@ -75,36 +75,24 @@ class MessagePassingAttention(MessagePassing):
 PROPAGATE = MessagePassingAttention()
 
 
-def dropout_mask(graph: AttentionGraph, dropout: Dropout, num_heads: int) -> Tensor:
-    """The ``[|E|, H]`` kept mask of ``dropout``, in ``graph.edge_index`` order.
+def dropout_mask(graph: AttentionGraph, key: Tensor, p: float, num_heads: int) -> Tensor:
+    """The ``[|E|, H]`` kept mask of the stream keyed by ``key`` (``[seed, offset]``, see
+    :func:`gnnattn.kernels.library.draw_key`), in ``graph.edge_index`` order.
 
     The stream is indexed by destination-CSR position (see
-    :mod:`gnnattn.kernels.common`), so every backend drops the same edges.
+    :mod:`gnnattn.kernels.common`), so every backend drops the same edges. The
+    hash runs as one operator (``torch.ops.gnnattn.dropout_bits``).
     """
-    keep = dropout_keep(dropout, graph.num_edges, num_heads, graph.device)
+    counter = torch.arange(graph.num_edges * num_heads, device=graph.device)
+    bits = torch.ops.gnnattn.dropout_bits(counter, key)
+    keep = (bits >= int(round(p * (1 << 24)))).view(graph.num_edges, num_heads)  # (E, H)
     perm = graph.csr.perm
     if perm is None:
         return keep
-    out = torch.empty_like(keep)
-    out[perm] = keep
-    return out
+    return torch.empty_like(keep).index_copy_(0, perm, keep)
 
 
-def mp_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    graph: AttentionGraph,
-    scale: float,
-    *,
-    score_bias: Tensor | None = None,
-    value_bias: Tensor | None = None,
-    dropout: Dropout | None = None,
-    return_lse: bool = False,
-    edge_attr: Tensor | None = None,
-    edge_key: Tensor | None = None,
-    edge_value: Tensor | None = None,
-) -> tuple[Tensor, Tensor | None, Tensor]:
+def mp_attention(a: AttentionArgs) -> tuple[Tensor, Tensor | None, Tensor]:
     """The ``"mp"`` backend: ``(out [N, H, Cv], lse [N, H] or None, alpha [|E|, H])``.
 
     ``alpha`` are the weights before dropout, in ``graph.edge_index`` order.
@@ -112,33 +100,31 @@ def mp_attention(
     does (the reference the fused path's algebra is tested against): the
     keys ``k_j + W_k a_ij`` and values ``v_j + W_v a_ij`` per edge.
     """
+    q, k, v, graph = a.q, a.k, a.v, a.graph
+    edge_attr, edge_key, edge_value = a.edge_attr, a.edge_key, a.edge_value
     mp = PROPAGATE
     edge_index = graph.edge_index
     size = (k.shape[0], q.shape[0])
     h = q.shape[1]
-    key_bias = None
+    key_bias = value_bias = None
     if edge_attr is not None and edge_key is not None:
         key_bias = (edge_attr @ edge_key.T).view(-1, h, q.shape[2])  # (E, H, C)
     if edge_attr is not None and edge_value is not None:
-        vb = (edge_attr @ edge_value.T).view(-1, h, v.shape[2])  # (E, H, Cv)
-        value_bias = vb if value_bias is None else value_bias + vb
+        value_bias = (edge_attr @ edge_value.T).view(-1, h, v.shape[2])  # (E, H, Cv)
     score = mp.edge_updater(
-        edge_index, query=q, key=k, score_bias=score_bias, key_bias=key_bias, scale=scale,
+        edge_index, query=q, key=k, score_bias=a.score_bias, key_bias=key_bias, scale=a.scale,
         size=size,
     )  # fmt: skip
     n = q.shape[0]
     index = edge_index[1]
     # Edges in target order (the builders' and PyG's sorted order): the CSR
     # pointers are the graph's, and the compiled segment softmax can run.
-    # (Not inside torch.compile: the CSR's sortedness test reads the edges.)
-    ptr = None
-    if not torch.compiler.is_compiling() and graph.csr.perm is None:
-        ptr = graph.csr.ptr
+    ptr = graph.csr.ptr if graph.csr.perm is None else None
     alpha = segment_softmax(score, index, n, ptr=ptr)  # (E, H)
-    lse = reference.segment_logsumexp(score, index, n) if return_lse else None
+    lse = reference.segment_logsumexp(score, index, n) if a.return_lse else None
     kept = alpha
-    if dropout is not None:
-        factor = dropout_mask(graph, dropout, q.shape[1]).to(alpha.dtype) * dropout.scale
-        kept = alpha * factor  # (E, H)
+    if a.dropout_key is not None:
+        keep = dropout_mask(graph, a.dropout_key, a.dropout_p, h)
+        kept = alpha * keep.to(alpha.dtype) * (1.0 / (1.0 - a.dropout_p))  # (E, H)
     out = mp.propagate(edge_index, value=v, alpha=kept, value_bias=value_bias, size=size)
     return out, lse, alpha

@@ -10,14 +10,16 @@ over the incoming edges :math:`j \to i` of each target of an
 :class:`~gnnattn.AttentionGraph` (the shape of FlexAttention's
 ``flex_attention(q, k, v, score_mod, block_mask)``, with the graph object in
 the block mask's place). :math:`b` is the optional score bias, :math:`e` the
-optional value bias, :math:`m` the dropout factor. The backends are in
-:mod:`gnnattn.ops.mp` (the reference), :mod:`gnnattn.ops.sdpa` and
-:mod:`gnnattn.ops.fused`; :func:`gnnattn.backend_for` chooses among them.
+edge features' value term (``edge_attr``), :math:`m` the dropout factor. The
+backends are in :mod:`gnnattn.ops.mp` (the reference), :mod:`gnnattn.ops.sdpa`
+and :mod:`gnnattn.ops.fused`; :func:`gnnattn.backend_for` chooses among them
+from their declarations.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -26,7 +28,8 @@ from torch import Tensor
 from .. import kernels
 from ..checks import check_float, check_tensor
 from ..graphs import AttentionGraph, segment_ids
-from ..kernels.common import draw_dropout
+from ..kernels.library import draw_key
+from .args import AttentionArgs
 from .choice import backend_for
 from .fused import fused_attention
 from .mp import mp_attention
@@ -59,7 +62,6 @@ def _check(
     v: Tensor,
     graph: AttentionGraph,
     score_bias: Tensor | None,
-    value_bias: Tensor | None,
     edge_attr: Tensor | None = None,
     edge_key: Tensor | None = None,
     edge_value: Tensor | None = None,
@@ -86,24 +88,18 @@ def _check(
             f"(build one once: AttentionGraph(edge_index))"
         )
     graph.check_nodes(k.shape[0], q.shape[0], q.device)
-    e, h, cv = graph.num_edges, q.shape[1], v.shape[2]
-    biases: tuple[tuple[str, Tensor | None, tuple[int, ...]], ...] = (
-        ("score_bias", score_bias, (e, h)),
-        ("value_bias", value_bias, (e, h, cv)),
-    )
-    for name, bias, shape in biases:
-        if bias is None:
-            continue
-        t = bias
-        check_tensor(t, name)
-        if tuple(t.shape) != shape:
+    if score_bias is not None:
+        shape = (graph.num_edges, q.shape[1])
+        check_tensor(score_bias, "score_bias")
+        if tuple(score_bias.shape) != shape:
             raise ValueError(
-                f"Expected '{name}' of shape {list(shape)} (one row per edge of the graph), "
-                f"got {list(t.shape)}"
+                f"Expected 'score_bias' of shape {list(shape)} (one row per edge of the graph), "
+                f"got {list(score_bias.shape)}"
             )
-        if not t.is_floating_point() or t.device != q.device:
+        if not score_bias.is_floating_point() or score_bias.device != q.device:
             raise TypeError(
-                f"Expected '{name}' floating and on {q.device}, got {t.dtype} on {t.device}"
+                f"Expected 'score_bias' floating and on {q.device}, got {score_bias.dtype} on "
+                f"{score_bias.device}"
             )
     _check_edge(q, v, graph, edge_attr, edge_key, edge_value)
 
@@ -160,6 +156,22 @@ def _edge_lse(q: Tensor, k: Tensor, graph: AttentionGraph, scale: float) -> Tens
     return ref.segment_logsumexp(s, segment_ids(csr.ptr, csr.col.numel()), graph.num_dst)
 
 
+def _sdpa(a: AttentionArgs) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    out, weights = sdpa_attention(
+        a.q, a.k, a.v, a.graph, a.scale, dropout_p=a.dropout_p, need_weights=a.need_weights
+    )
+    lse = _edge_lse(a.q, a.k, a.graph, a.scale) if a.return_lse else None
+    return out, lse, weights
+
+
+#: Each backend's entry point: one validated call in, ``(out, lse, weights)`` out.
+_BACKENDS: dict[str, Callable[[AttentionArgs], tuple[Tensor, Tensor | None, Tensor | None]]] = {
+    "mp": mp_attention,
+    "sdpa": _sdpa,
+    "fused": fused_attention,
+}
+
+
 def attention(
     q: Tensor,
     k: Tensor,
@@ -168,7 +180,6 @@ def attention(
     *,
     scale: float | None = None,
     score_bias: Tensor | None = None,
-    value_bias: Tensor | None = None,
     dropout_p: float = 0.0,
     backend: str = "auto",
     return_lse: bool = False,
@@ -179,6 +190,9 @@ def attention(
 ) -> Tensor | AttentionOutput:
     r"""Attention of ``q`` over ``k``, ``v`` along the edges of ``graph``.
 
+    The one place a call is validated; the backends (and the kernels'
+    operators under them) trust what reaches them.
+
     Args:
         q (Tensor): ``[N, H, C]`` queries of the targets.
         k (Tensor): ``[M, H, C]`` keys of the sources.
@@ -188,8 +202,6 @@ def attention(
             :math:`1/\sqrt{C}`. (default: :obj:`None`)
         score_bias (Tensor, optional): ``[|E|, H]`` added to the scores, in
             ``graph.edge_index`` order. (default: :obj:`None`)
-        value_bias (Tensor, optional): ``[|E|, H, Cv]`` added to the source's
-            value on each edge. (default: :obj:`None`)
         dropout_p (float, optional): attention dropout (a counter-based
             mask keyed from torch's generator; ``"sdpa"`` uses SDPA's own).
             (default: ``0.0``)
@@ -222,28 +234,36 @@ def attention(
         >>> res.out.shape, res.backend, res.lse.shape
         (torch.Size([5, 2, 4]), 'fused', torch.Size([5, 2]))
     """
-    _check(q, k, v, graph, score_bias, value_bias, edge_attr, edge_key, edge_value)
+    _check(q, k, v, graph, score_bias, edge_attr, edge_key, edge_value)
     p = check_float(dropout_p, "dropout_p", lo=0.0, hi=1.0)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_float(scale, "scale")
     choice = backend_for(
-        q, graph, backend=backend, score_bias=score_bias is not None,
-        value_bias=value_bias is not None, dropout_p=p, edge_attr=edge_attr is not None,
+        q, graph, backend=backend, score_bias=score_bias is not None, dropout_p=p,
+        edge_attr=edge_attr is not None,
     )  # fmt: skip
-    edges = (edge_attr, edge_key, edge_value)
-    out, lse, weights = _run(
-        choice.backend, q, k, v, graph, scale, score_bias, value_bias, p, return_lse, need_weights,
-        edges,
+    name = choice.backend
+    if backend == "auto" and name == "sdpa" and not _sdpa_safe(q, k, v):
+        # SDPA's CPU kernels turn a NaN query row into zeros, and its dense
+        # product spreads a NaN value to targets that have no edge from it:
+        # both break the non-finite contract, which the fused kernels keep.
+        name = "fused"
+    key = draw_key() if p > 0 and name != "sdpa" else None
+    args = AttentionArgs(
+        q, k, v, graph, scale, score_bias, p, key, edge_attr, edge_key, edge_value, return_lse,
+        need_weights,
     )  # fmt: skip
+    out, lse, weights = _BACKENDS[name](args)
     if not (return_lse or need_weights):
         return out
     return AttentionOutput(
-        out, lse if return_lse else None, weights if need_weights else None, choice.backend
+        out, lse if return_lse else None, weights if need_weights else None, name
     )
 
 
-def _all_finite(*tensors: Tensor) -> bool:
-    """One flag for the inputs (a host synchronisation on CUDA: the sdpa path
-    reads it once per call).
+def _sdpa_safe(*tensors: Tensor) -> bool:
+    """Whether SDPA may take these inputs: all finite. Not checked inside ``torch.compile``
+    (the flag is read on the host, a synchronisation on a GPU): a compiled call takes
+    SDPA's own handling of non-finite inputs.
 
     A sum is finite only if every term is (a NaN or an infinity, or ``inf -
     inf``, makes it non-finite): one reduction per tensor instead of
@@ -251,42 +271,7 @@ def _all_finite(*tensors: Tensor) -> bool:
     3e38; half types are summed in float32) says "non-finite" too, which
     only sends the call to the fused kernel, which meets the contract anyway.
     """
+    if torch.compiler.is_compiling():
+        return True
     sums = [t.sum(dtype=torch.promote_types(t.dtype, torch.float32)) for t in tensors]
     return bool(torch.stack(sums).isfinite().all())
-
-
-def _run(
-    backend: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    graph: AttentionGraph,
-    scale: float,
-    score_bias: Tensor | None,
-    value_bias: Tensor | None,
-    p: float,
-    return_lse: bool,
-    need_weights: bool,
-    edges: tuple[Tensor | None, Tensor | None, Tensor | None] = (None, None, None),
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """``(out, lse, weights)`` of one backend (``lse``/``weights`` may be ``None``
-    when not asked for)."""
-    if backend == "sdpa" and not _all_finite(q, k, v):
-        # SDPA's CPU kernels turn a NaN query row into zeros, and its dense
-        # product spreads a NaN value to targets that have no edge from it:
-        # both break the non-finite contract, which the fused kernels keep.
-        backend = "fused"
-    if backend == "sdpa":
-        out, weights = sdpa_attention(q, k, v, graph, scale, dropout_p=p, need_weights=need_weights)
-        return out, (_edge_lse(q, k, graph, scale) if return_lse else None), weights
-    dropout = draw_dropout(p) if p > 0 else None
-    ea, ek, ev = edges
-    if backend == "fused":
-        return fused_attention(
-            q, k, v, graph, scale, score_bias=score_bias, value_bias=value_bias,
-            dropout=dropout, need_weights=need_weights, edge_attr=ea, edge_key=ek, edge_value=ev,
-        )  # fmt: skip
-    return mp_attention(
-        q, k, v, graph, scale, score_bias=score_bias, value_bias=value_bias, dropout=dropout,
-        return_lse=return_lse, edge_attr=ea, edge_key=ek, edge_value=ev,
-    )  # fmt: skip

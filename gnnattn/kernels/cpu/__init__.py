@@ -2,8 +2,8 @@ r"""CPU kernels, compiled with numba: segment softmax and fused sparse attention
 
 The public functions have the signatures and results of
 :mod:`gnnattn.kernels.reference` (``tests/test_kernels_cpu.py`` compares them),
-including its rules for ``-inf`` scores, empty and all ``-inf`` segments, NaN,
-the value bias and the dropout stream of :mod:`gnnattn.kernels.common`.
+including its rules for ``-inf`` scores, empty and all ``-inf`` segments, NaN
+and the dropout stream of :mod:`gnnattn.kernels.common`.
 
 Why numba. The operator is a loop per target over its incoming edges. Torch
 ops cannot express that without gathering ``q_i``, ``k_j`` and ``v_j`` for
@@ -44,12 +44,12 @@ results cast back (``lse`` stays float32, as in the Triton kernels):
 every run and every thread count (:mod:`.plans`).
 
 Memory. The backward needs neither the forward's output nor any ``[E, H]``
-array (without edge features or a value bias), so a layer's forward +
+array (without a score bias or edge features), so a layer's forward +
 backward peaks at its ``[N, D]`` tensors plus the indices.
 
 First call. Importing this package compiles nothing. The first call of each
-kernel per dtype, index width and combination of options (value bias,
-dropout: :mod:`._edge`) compiles it and writes the machine code to
+kernel per dtype, index width and combination of options (dropout, edge
+features: :mod:`._edge`) compiles it and writes the machine code to
 ``__pycache__`` (or ``NUMBA_CACHE_DIR``); later processes load it from there.
 Any edit of the package's sources recompiles every kernel (:mod:`._cache`).
 """
@@ -61,7 +61,7 @@ from ._simd import exp32
 from .backward import attention_bwd, attention_bwd_dst, attention_bwd_src
 from .dropout import dropout, relu_dropout, relu_dropout_bwd
 from .forward import attention_fwd
-from .plans import CPUPlan, plan
+from .plans import CPUPlan, plan, plan_from_tensors, plan_tensors
 from .softmax import segment_ptr, segment_softmax_bwd, segment_softmax_fwd
 
 __all__ = [
@@ -74,6 +74,8 @@ __all__ = [
     "dropout_bits",
     "exp32",
     "plan",
+    "plan_from_tensors",
+    "plan_tensors",
     "relu_dropout",
     "relu_dropout_bwd",
     "segment_ptr",

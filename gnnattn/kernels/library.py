@@ -1,0 +1,407 @@
+r"""The kernels as PyTorch operators: the ``gnnattn`` namespace of ``torch.ops``.
+
+Each fused entry point is one ``torch.library.custom_op`` with a fake
+(shape-only) kernel and, where it has a gradient, a registered autograd, so
+that ``torch.compile`` and ``torch.export`` see one opaque, shape-correct op
+instead of a Python function they cannot trace:
+
+=====================================  ===========================================
+``torch.ops.gnnattn.``                 computes
+=====================================  ===========================================
+``attention_fwd`` / ``attention_bwd``  fused sparse attention over a CSR and its
+                                       gradients (autograd: the forward's)
+``segment_softmax_fwd`` / ``_bwd``     the stable softmax of CSR segments
+``dropout``                            dropout by the counter-based stream
+``relu_dropout`` / ``relu_dropout_bwd``  ``dropout(relu(x))``, backward from the output
+``dropout_bits``                       the stream's 24-bit numbers at counters
+=====================================  ===========================================
+
+**One contract.** An op runs the kernel module of its tensors' device
+(:func:`gnnattn.kernels.get`: numba on the CPU, Triton on CUDA, the torch
+reference elsewhere); every module has the reference's signatures. Schemas
+take tensors and scalars only:
+
+* the graph's layouts and plans are tensors the graph holds (``plan``: the
+  kernel module's :func:`plan_tensors` of the CSR; ``csc``: the transposed
+  CSR ``(tptr, trow, tperm)`` followed by its plan tensors). An empty list
+  means "not made": the op then checks and plans inside the call, as a
+  graph built inside a compiled region or exported with its edges as inputs
+  needs;
+* the dropout key is an int64 tensor ``[seed, offset]`` on the CPU
+  (:func:`draw_key`), saved for the backward, which regenerates the mask;
+* an absent result is an empty tensor (schemas have no optional results).
+
+The ops trust their inputs: :func:`gnnattn.attention` validates a call once,
+before any op runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import get
+from .common import Dropout, acc_dtype
+
+__all__ = ["draw_key", "dropout_of", "plan_from_tensors", "plan_tensors"]
+
+_OFFSET_MASK = 0x7FFF_FFFF
+
+
+def draw_key() -> Tensor:
+    """A fresh dropout key ``[seed, offset]`` (int64, CPU) from torch's default generator.
+
+    The CPU generator whatever the device (drawing there never waits on a
+    GPU, and ``torch.manual_seed`` seeds it), with the values of
+    :func:`gnnattn.kernels.common.draw_dropout`; traceable, so a compiled
+    model draws a new key per call.
+    """
+    key = torch.randint(0, 2**62, (2,), dtype=torch.int64)
+    return key & torch.tensor([2**63 - 1, _OFFSET_MASK])
+
+
+def dropout_of(key: Tensor | None, p: float) -> Dropout | None:
+    """The :class:`~gnnattn.kernels.common.Dropout` of a key tensor (``None``: no dropout)."""
+    if key is None or p <= 0.0:
+        return None
+    seed, offset = key.tolist()  # a CPU tensor: no device synchronisation
+    return Dropout(float(p), int(seed), int(offset))
+
+
+def plan_tensors(
+    ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None
+) -> list[Tensor]:
+    """The kernel module's checked work plan of a CSR, as the ops take it: a list of tensors.
+
+    Made once per graph and layout (:class:`gnnattn.AttentionGraph` keeps it);
+    a module without plans (the reference) gives an empty list.
+    """
+    kern = get(ptr.device)
+    make = getattr(kern, "plan_tensors", None)
+    if make is None:
+        kern.plan(ptr, col, num_cols, perm=perm)  # checked all the same
+        return []
+    return list(make(ptr, col, num_cols, perm=perm))
+
+
+def plan_from_tensors(
+    kern: Any, ptr: Tensor, col: Tensor, num_cols: int, tensors: list[Tensor], perm: Tensor | None
+) -> Any:
+    """The module's plan object from :func:`plan_tensors`' list, or a new (checked) plan
+    when the list is empty."""
+    if not tensors or not hasattr(kern, "plan_from_tensors"):
+        return kern.plan(ptr, col, num_cols, perm=perm)
+    return kern.plan_from_tensors(ptr, col, num_cols, tensors, perm=perm)
+
+
+def _empty(like: Tensor) -> Tensor:
+    return like.new_empty(0)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+@torch.library.custom_op("gnnattn::attention_fwd", mutates_args=())
+def attention_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ptr: Tensor,
+    col: Tensor,
+    plan: list[Tensor],
+    csc: list[Tensor],
+    bias: Tensor | None,
+    edge_attr: Tensor | None,
+    edge_query: Tensor | None,
+    dropout_key: Tensor | None,
+    scale: float,
+    dropout_p: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(out [N, H, Cv], lse [N, H], edge_out [N, H, F])`` over the CSR ``(ptr, col)``.
+
+    ``csc`` is not read here: it is the backward's layout, an input so that
+    the registered autograd can reach it. ``edge_out`` is ``[N, H, 0]``
+    without ``edge_attr``.
+    """
+    kern = get(q.device)
+    pl = plan_from_tensors(kern, ptr, col, k.shape[0], plan, None)
+    opts = {} if edge_attr is None else {"edge_attr": edge_attr, "edge_query": edge_query}
+    res = kern.attention_fwd(
+        q,
+        k,
+        v,
+        ptr,
+        col,
+        scale,
+        bias,
+        dropout=dropout_of(dropout_key, dropout_p),
+        plan=pl,
+        **opts,
+    )
+    out, lse = res[0], res[1]
+    n, h = q.shape[0], q.shape[1]
+    eo = res[2] if edge_attr is not None else q.new_empty(n, h, 0)
+    # A custom op's results may not alias its inputs (an empty graph's kernels
+    # may return views of them).
+    return out.clone() if out._base is not None else out, lse, eo
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(
+    q, k, v, ptr, col, plan, csc, bias, edge_attr, edge_query, dropout_key, scale, dropout_p
+):  # type: ignore[no-untyped-def]
+    n, h, f = q.shape[0], q.shape[1], edge_attr.shape[1] if edge_attr is not None else 0
+    out = q.new_empty(n, h, v.shape[2])
+    lse = q.new_empty(n, h, dtype=acc_dtype(q.dtype))
+    return out, lse, q.new_empty(n, h, f)
+
+
+@torch.library.custom_op("gnnattn::attention_bwd", mutates_args=())
+def attention_bwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor | None,
+    lse: Tensor,
+    grad_out: Tensor,
+    ptr: Tensor,
+    col: Tensor,
+    plan: list[Tensor],
+    csc: list[Tensor],
+    bias: Tensor | None,
+    edge_attr: Tensor | None,
+    edge_query: Tensor | None,
+    edge_out: Tensor | None,
+    grad_edge_out: Tensor | None,
+    dropout_key: Tensor | None,
+    scale: float,
+    dropout_p: float,
+    need_dedge_attr: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dbias, dedge_attr, dedge_query)``; an absent one is empty ``[0]``.
+
+    ``out`` (and ``edge_out``) are read by the kernels that take ``D_i`` from
+    the outputs (Triton's); the CPU kernels recompute it from the edges, and
+    are given ``None``.
+    """
+    kern = get(q.device)
+    pl = plan_from_tensors(kern, ptr, col, k.shape[0], plan, None)
+    layout: dict[str, Any] = {}
+    if csc:
+        tptr, trow, tperm = csc[:3]
+        layout["csc"] = (tptr, trow, tperm)
+        if len(csc) > 3:
+            layout["csc_plan"] = plan_from_tensors(kern, tptr, trow, q.shape[0], csc[3:], tperm)
+    opts: dict[str, Any] = {}
+    if edge_attr is not None:
+        opts = {
+            "edge_attr": edge_attr,
+            "edge_query": edge_query,
+            "grad_edge_out": grad_edge_out,
+            "need_dedge_attr": need_dedge_attr,
+        }
+        if edge_out is not None:
+            opts["edge_out"] = edge_out
+    res = kern.attention_bwd(
+        q, k, v, out, lse, grad_out, ptr, col, scale, bias,
+        dropout=dropout_of(dropout_key, dropout_p), plan=pl, **layout, **opts,
+    )  # fmt: skip
+    dq, dk, dv, dbias = res[0], res[1], res[2], res[3]
+    # With edge features the last two results are d edge_attr and d edge_query.
+    dea = res[-2] if edge_attr is not None else None
+    deq = res[-1] if edge_attr is not None else None
+    grads = [dq, dk, dv, dbias, dea, deq]
+    # Results may not alias inputs or each other (dbias may be a view of the
+    # kernel's [dS | P] buffer): a view is copied.
+    return tuple(  # type: ignore[return-value]
+        _empty(q) if g is None else (g.clone() if g._base is not None else g) for g in grads
+    )
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(
+    q, k, v, out, lse, grad_out, ptr, col, plan, csc, bias, edge_attr, edge_query, edge_out,
+    grad_edge_out, dropout_key, scale, dropout_p, need_dedge_attr,
+):  # type: ignore[no-untyped-def]  # fmt: skip
+    dbias = torch.empty_like(bias) if bias is not None else _empty(q)
+    dea = torch.empty_like(edge_attr) if edge_attr is not None and need_dedge_attr else _empty(q)
+    deq = torch.empty_like(edge_query) if edge_query is not None else _empty(q)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias, dea, deq
+
+
+def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
+    q, k, v, ptr, col, plan, csc, bias, ea, eq, key, scale, p = inputs
+    out, lse, eo = output
+    # The CPU kernels' backward recomputes D_i from the edges: the output is not
+    # kept (at N = 1M, embed 128, 0.5 GB less at the backward's peak).
+    keep_out = q.device.type != "cpu"
+    ctx.save_for_backward(
+        q, k, v, ptr, col, bias, ea, eq, key, out if keep_out else None, lse,
+        eo if keep_out and ea is not None else None, *plan, *csc,
+    )  # fmt: skip
+    ctx.num_plan, ctx.scale, ctx.p = len(plan), scale, p
+    ctx.num_csc = len(csc)
+
+
+def _attention_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor, grad_eo: Tensor) -> Any:
+    saved = ctx.saved_tensors
+    q, k, v, ptr, col, bias, ea, eq, key, out, lse, eo = saved[:12]
+    plan = list(saved[12 : 12 + ctx.num_plan])
+    csc = list(saved[12 + ctx.num_plan :])
+    need_dea = ea is not None and ctx.needs_input_grad[8]
+    ge = grad_eo.contiguous() if ea is not None and grad_eo is not None else None
+    dq, dk, dv, dbias, dea, deq = torch.ops.gnnattn.attention_bwd(
+        q, k, v, out, lse, grad_out.contiguous(), ptr, col, plan, csc, bias, ea, eq, eo, ge,
+        key, ctx.scale, ctx.p, need_dea,
+    )  # fmt: skip
+    return (
+        dq, dk, dv, None, None, [None] * ctx.num_plan, [None] * ctx.num_csc,
+        dbias if bias is not None else None, dea if need_dea else None,
+        deq if eq is not None else None, None, None, None,
+    )  # fmt: skip
+
+
+attention_fwd.register_autograd(_attention_backward, setup_context=_attention_setup)
+
+
+# --------------------------------------------------------------------------- segment softmax
+
+
+@torch.library.custom_op("gnnattn::segment_softmax_fwd", mutates_args=())
+def segment_softmax_fwd(src: Tensor, ptr: Tensor) -> Tensor:
+    """The stable softmax of ``src`` ``[E, F]`` within each CSR segment of ``ptr``."""
+    return get(src.device).segment_softmax_fwd(src.contiguous(), ptr)
+
+
+@segment_softmax_fwd.register_fake
+def _segment_softmax_fwd_fake(src, ptr):  # type: ignore[no-untyped-def]
+    return torch.empty_like(src)
+
+
+@torch.library.custom_op("gnnattn::segment_softmax_bwd", mutates_args=())
+def segment_softmax_bwd(y: Tensor, grad: Tensor, ptr: Tensor) -> Tensor:
+    """The gradient of :func:`segment_softmax_fwd` from its output ``y``."""
+    return get(y.device).segment_softmax_bwd(y, grad.contiguous(), ptr)
+
+
+@segment_softmax_bwd.register_fake
+def _segment_softmax_bwd_fake(y, grad, ptr):  # type: ignore[no-untyped-def]
+    return torch.empty_like(y)
+
+
+def _softmax_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
+    ctx.save_for_backward(output, inputs[1])
+
+
+def _softmax_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+    y, ptr = ctx.saved_tensors
+    return torch.ops.gnnattn.segment_softmax_bwd(y, grad, ptr), None
+
+
+segment_softmax_fwd.register_autograd(_softmax_backward, setup_context=_softmax_setup)
+
+
+# --------------------------------------------------------------------------- activation dropout
+
+
+def _stream_kernels(x: Tensor) -> Any:
+    """The module with the stream's dense kernels for ``x`` (the CPU's take float32/64 only)."""
+    kern = get(x.device)
+    if not hasattr(kern, "relu_dropout_bwd") or x.dtype not in (torch.float32, torch.float64):
+        from . import reference
+
+        return reference
+    return kern
+
+
+@torch.library.custom_op("gnnattn::dropout", mutates_args=())
+def dropout(x: Tensor, key: Tensor, p: float) -> Tensor:
+    """``x`` with the elements the stream drops zeroed and the rest scaled by ``1 / (1 - p)``.
+
+    Its own gradient: the backward applies the same mask (the same key) to
+    the incoming gradient.
+    """
+    drop = dropout_of(key, p)
+    if drop is None:
+        return x.clone()
+    return _stream_kernels(x).dropout(x, drop)
+
+
+@dropout.register_fake
+def _dropout_fake(x, key, p):  # type: ignore[no-untyped-def]
+    return torch.empty_like(x)
+
+
+def _dropout_setup(ctx: Any, inputs: tuple[Tensor, Tensor, float], output: Tensor) -> None:
+    ctx.save_for_backward(inputs[1])
+    ctx.p = inputs[2]
+
+
+def _dropout_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+    (key,) = ctx.saved_tensors
+    return torch.ops.gnnattn.dropout(grad, key, ctx.p), None, None
+
+
+dropout.register_autograd(_dropout_backward, setup_context=_dropout_setup)
+
+
+@torch.library.custom_op("gnnattn::relu_dropout", mutates_args=())
+def relu_dropout(x: Tensor, key: Tensor, p: float) -> Tensor:
+    """``dropout(relu(x))`` in one pass, by the stream of :func:`dropout`."""
+    drop = dropout_of(key, p)
+    if drop is None:
+        return torch.relu(x)
+    return _stream_kernels(x).relu_dropout(x, drop)
+
+
+@relu_dropout.register_fake
+def _relu_dropout_fake(x, key, p):  # type: ignore[no-untyped-def]
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("gnnattn::relu_dropout_bwd", mutates_args=())
+def relu_dropout_bwd(y: Tensor, grad: Tensor, p: float) -> Tensor:
+    """The gradient of :func:`relu_dropout` read from its output: ``grad / (1 - p)`` where
+    ``y > 0``."""
+    return _stream_kernels(y).relu_dropout_bwd(y, grad, 1.0 / (1.0 - p))
+
+
+@relu_dropout_bwd.register_fake
+def _relu_dropout_bwd_fake(y, grad, p):  # type: ignore[no-untyped-def]
+    return torch.empty_like(y)
+
+
+def _relu_dropout_setup(ctx: Any, inputs: tuple[Tensor, Tensor, float], output: Tensor) -> None:
+    # The output, not the input or a mask: the next linear layer keeps it for
+    # its own backward anyway, so this costs no memory.
+    ctx.save_for_backward(output)
+    ctx.p = inputs[2]
+
+
+def _relu_dropout_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+    (y,) = ctx.saved_tensors
+    return torch.ops.gnnattn.relu_dropout_bwd(y, grad, ctx.p), None, None
+
+
+relu_dropout.register_autograd(_relu_dropout_backward, setup_context=_relu_dropout_setup)
+
+
+@torch.library.custom_op("gnnattn::dropout_bits", mutates_args=())
+def dropout_bits(counter: Tensor, key: Tensor) -> Tensor:
+    """The stream's 24-bit numbers (int64) at ``counter`` for ``key``.
+
+    An op so that the message-passing path's mask is one opaque call under
+    ``torch.compile``: Inductor's C++ backend vectorises the hash's int64
+    products as floats and fails to compile them.
+    """
+    from .common import dropout_bits as bits
+
+    seed, offset = key.tolist()
+    return bits(Dropout(0.5, int(seed), int(offset)), counter)
+
+
+@dropout_bits.register_fake
+def _dropout_bits_fake(counter, key):  # type: ignore[no-untyped-def]
+    return torch.empty_like(counter, dtype=torch.int64)
