@@ -31,7 +31,8 @@ def check_int(value: Any, name: str, *, min: int = 0, optional: bool = False) ->
     """
     if optional and value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int):
+    # A SymInt is a size traced by torch.export or a dynamic torch.compile.
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
         kind = "an int or None" if optional else "an int"
         raise TypeError(f"Expected '{name}' to be {kind}, got {type(value).__name__}")
     if value < min:

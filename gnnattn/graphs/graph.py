@@ -323,18 +323,19 @@ class AttentionGraph:
             return t
         return self.derived((layout, "int64"), lambda: tuple(x.long() for x in t))
 
-    def kernel_plan(self, layout: str) -> list[Tensor]:
+    def kernel_plan(self, layout: str) -> Tensor:
         """The fused kernels' checked work plan of ``layout`` (``"csr"`` or ``"csc"``),
         as the operators take it (tensors); made once, on first use.
 
         Inside ``torch.compile`` a plan not yet made is not made (that reads the
-        indices) and the list is empty: the operator then checks and plans
+        indices) and the tensor is empty: the operator then checks and plans
         inside its call, which is correct, only slower. One eager call or
         :meth:`prepare` makes the plans before compiling.
         """
         key = ("plan", self._device.type, layout)
         if torch.compiler.is_compiling():
-            return self.peek(key) or []
+            made = self.peek(key)
+            return made if made is not None else torch.empty(0, dtype=torch.int64)
         from ..kernels.library import plan_tensors
 
         idx = self.kernel_layout(layout)
@@ -351,8 +352,8 @@ class AttentionGraph:
 
         Example:
             >>> g = AttentionGraph(torch.tensor([[0, 1, 2], [1, 2, 0]])).prepare()
-            >>> len(g.kernel_plan("csr")) > 0 or g.device.type != "cpu"
-            True
+            >>> g.kernel_plan("csr").dtype
+            torch.int64
         """
         self.kernel_plan("csr")
         if backward:
@@ -472,12 +473,13 @@ class AttentionGraph:
     def num_edges(self) -> int:
         if self._edge_index is None:
             if self._csr is not None:
-                return int(self._csr.col.numel())
+                return self._csr.col.numel()
             if self._bipartite_complete:
                 return self.num_src * self.num_dst
             assert self._structure is not None
             return self._structure.num_edges
-        return int(self._edge_index.shape[1])
+        # Not int(): a traced size (torch.export, dynamic torch.compile) stays symbolic.
+        return self._edge_index.shape[1]
 
     @property
     def density(self) -> float:

@@ -9,7 +9,7 @@ the structure without detection.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,11 +32,18 @@ class Structure:
         lengths: the sequence lengths, in node order (one entry for a single
             sequence; empty for a graph without nodes).
         window: the half-width :math:`w` of a window graph, else 0.
+        uniform: whether every block has the same length (one dense call
+            covers them all), kept so that a compiled caller reads one flag
+            instead of (and guarding on) every length.
     """
 
     kind: str
     lengths: tuple[int, ...]
     window: int = 0
+    uniform: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "uniform", len(set(self.lengths)) <= 1)
 
     @property
     def num_nodes(self) -> int:

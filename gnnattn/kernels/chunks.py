@@ -206,26 +206,24 @@ def plan(
     return TritonPlan(ptr, col, int(num_cols), chunk, chunks)
 
 
-def plan_tensors(
-    ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """:func:`plan` as the operators take it: the chunk tables ``(chunk_ptr, chunk_seg,
-    split, rank)``, at :data:`DEFAULT_CHUNK` (the grid sizes are their lengths)."""
+def plan_tensors(ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None) -> Tensor:
+    """:func:`plan` as the operators take it: the chunk tables ``chunk_ptr``,
+    ``chunk_seg``, ``split`` and ``rank`` in one int64 tensor, at
+    :data:`DEFAULT_CHUNK` (their lengths follow from ``N`` and ``E``, so the
+    device is never read for them)."""
     ch = plan(ptr, col, num_cols, perm=perm).chunks
-    return ch.chunk_ptr, ch.chunk_seg, ch.split, ch.rank
+    return torch.cat([ch.chunk_ptr, ch.chunk_seg, ch.split, ch.rank])
 
 
 def plan_from_tensors(
-    ptr: Tensor,
-    col: Tensor,
-    num_cols: int,
-    tensors: list[Tensor],
-    *,
-    perm: Tensor | None = None,
+    ptr: Tensor, col: Tensor, num_cols: int, packed: Tensor, *, perm: Tensor | None = None
 ) -> TritonPlan:
-    """The :class:`TritonPlan` of :func:`plan_tensors`' result (nothing is read on the host)."""
-    chunk_ptr, chunk_seg, split, rank = tensors
-    chunks = ChunkPlan(chunk_ptr, chunk_seg, chunk_seg.numel(), split, rank, split.numel())
+    """The :class:`TritonPlan` of :func:`plan_tensors`' result (views; nothing is read on
+    the host)."""
+    n, e = ptr.numel() - 1, col.numel()
+    grid, split_grid = n + e // DEFAULT_CHUNK, 2 * (e // DEFAULT_CHUNK) + 1
+    chunk_ptr, chunk_seg, split, rank = packed.split([n + 1, grid, split_grid, grid])
+    chunks = ChunkPlan(chunk_ptr, chunk_seg, grid, split, rank, split_grid)
     return TritonPlan(ptr.contiguous(), col.contiguous(), int(num_cols), DEFAULT_CHUNK, chunks)
 
 

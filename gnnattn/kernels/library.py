@@ -22,11 +22,11 @@ reference elsewhere); every module has the reference's signatures. Schemas
 take tensors and scalars only:
 
 * the graph's layouts and plans are tensors the graph holds (``plan``: the
-  kernel module's :func:`plan_tensors` of the CSR; ``csc``: the transposed
-  CSR ``(tptr, trow, tperm)`` followed by its plan tensors). An empty list
-  means "not made": the op then checks and plans inside the call, as a
-  graph built inside a compiled region or exported with its edges as inputs
-  needs;
+  kernel module's :func:`plan_tensors` of the CSR, one int64 tensor;
+  ``tptr``, ``trow``, ``tperm``: the transposed CSR, ``None`` where no
+  backward will run; ``csc_plan``: its plan). An empty plan means "not
+  made": the op then checks and plans inside the call, as a graph built
+  inside a compiled region or exported with its edges as inputs needs;
 * the dropout key is an int64 tensor ``[seed, offset]`` on the CPU
   (:func:`draw_key`), saved for the backward, which regenerates the mask;
 * an absent result is an empty tensor (schemas have no optional results).
@@ -70,30 +70,28 @@ def dropout_of(key: Tensor | None, p: float) -> Dropout | None:
     return Dropout(float(p), int(seed), int(offset))
 
 
-def plan_tensors(
-    ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None
-) -> list[Tensor]:
-    """The kernel module's checked work plan of a CSR, as the ops take it: a list of tensors.
+def plan_tensors(ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None) -> Tensor:
+    """The kernel module's checked work plan of a CSR, as the ops take it: one int64 tensor.
 
     Made once per graph and layout (:class:`gnnattn.AttentionGraph` keeps it);
-    a module without plans (the reference) gives an empty list.
+    a module without plans (the reference) gives an empty one.
     """
     kern = get(ptr.device)
     make = getattr(kern, "plan_tensors", None)
     if make is None:
         kern.plan(ptr, col, num_cols, perm=perm)  # checked all the same
-        return []
-    return list(make(ptr, col, num_cols, perm=perm))
+        return torch.empty(0, dtype=torch.int64, device=ptr.device)
+    return make(ptr, col, num_cols, perm=perm)
 
 
 def plan_from_tensors(
-    kern: Any, ptr: Tensor, col: Tensor, num_cols: int, tensors: list[Tensor], perm: Tensor | None
+    kern: Any, ptr: Tensor, col: Tensor, num_cols: int, packed: Tensor, perm: Tensor | None
 ) -> Any:
-    """The module's plan object from :func:`plan_tensors`' list, or a new (checked) plan
-    when the list is empty."""
-    if not tensors or not hasattr(kern, "plan_from_tensors"):
+    """The module's plan object from :func:`plan_tensors`' tensor, or a new (checked) plan
+    when it is empty (not made)."""
+    if packed.numel() == 0 or not hasattr(kern, "plan_from_tensors"):
         return kern.plan(ptr, col, num_cols, perm=perm)
-    return kern.plan_from_tensors(ptr, col, num_cols, tensors, perm=perm)
+    return kern.plan_from_tensors(ptr, col, num_cols, packed, perm=perm)
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -110,8 +108,11 @@ def attention_fwd(
     v: Tensor,
     ptr: Tensor,
     col: Tensor,
-    plan: list[Tensor],
-    csc: list[Tensor],
+    plan: Tensor,
+    tptr: Tensor | None,
+    trow: Tensor | None,
+    tperm: Tensor | None,
+    csc_plan: Tensor,
     bias: Tensor | None,
     edge_attr: Tensor | None,
     edge_query: Tensor | None,
@@ -121,8 +122,8 @@ def attention_fwd(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(out [N, H, Cv], lse [N, H], edge_out [N, H, F])`` over the CSR ``(ptr, col)``.
 
-    ``csc`` is not read here: it is the backward's layout, an input so that
-    the registered autograd can reach it. ``edge_out`` is ``[N, H, 0]``
+    The transposed CSR and its plan are not read here: they are the
+    backward's layout, inputs so that the registered autograd can reach them. ``edge_out`` is ``[N, H, 0]``
     without ``edge_attr``.
     """
     kern = get(q.device)
@@ -150,7 +151,22 @@ def attention_fwd(
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(
-    q, k, v, ptr, col, plan, csc, bias, edge_attr, edge_query, dropout_key, scale, dropout_p
+    q,
+    k,
+    v,
+    ptr,
+    col,
+    plan,
+    tptr,
+    trow,
+    tperm,
+    csc_plan,
+    bias,
+    edge_attr,
+    edge_query,
+    dropout_key,
+    scale,
+    dropout_p,
 ):  # type: ignore[no-untyped-def]
     n, h, f = q.shape[0], q.shape[1], edge_attr.shape[1] if edge_attr is not None else 0
     out = q.new_empty(n, h, v.shape[2])
@@ -168,8 +184,11 @@ def attention_bwd(
     grad_out: Tensor,
     ptr: Tensor,
     col: Tensor,
-    plan: list[Tensor],
-    csc: list[Tensor],
+    plan: Tensor,
+    tptr: Tensor | None,
+    trow: Tensor | None,
+    tperm: Tensor | None,
+    csc_plan: Tensor,
     bias: Tensor | None,
     edge_attr: Tensor | None,
     edge_query: Tensor | None,
@@ -189,11 +208,10 @@ def attention_bwd(
     kern = get(q.device)
     pl = plan_from_tensors(kern, ptr, col, k.shape[0], plan, None)
     layout: dict[str, Any] = {}
-    if csc:
-        tptr, trow, tperm = csc[:3]
+    if tptr is not None and trow is not None and tperm is not None:
         layout["csc"] = (tptr, trow, tperm)
-        if len(csc) > 3:
-            layout["csc_plan"] = plan_from_tensors(kern, tptr, trow, q.shape[0], csc[3:], tperm)
+        if csc_plan.numel():
+            layout["csc_plan"] = plan_from_tensors(kern, tptr, trow, q.shape[0], csc_plan, tperm)
     opts: dict[str, Any] = {}
     if edge_attr is not None:
         opts = {
@@ -222,8 +240,8 @@ def attention_bwd(
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(
-    q, k, v, out, lse, grad_out, ptr, col, plan, csc, bias, edge_attr, edge_query, edge_out,
-    grad_edge_out, dropout_key, scale, dropout_p, need_dedge_attr,
+    q, k, v, out, lse, grad_out, ptr, col, plan, tptr, trow, tperm, csc_plan, bias, edge_attr,
+    edge_query, edge_out, grad_edge_out, dropout_key, scale, dropout_p, need_dedge_attr,
 ):  # type: ignore[no-untyped-def]  # fmt: skip
     dbias = torch.empty_like(bias) if bias is not None else _empty(q)
     dea = torch.empty_like(edge_attr) if edge_attr is not None and need_dedge_attr else _empty(q)
@@ -232,32 +250,30 @@ def _attention_bwd_fake(
 
 
 def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
-    q, k, v, ptr, col, plan, csc, bias, ea, eq, key, scale, p = inputs
+    q, k, v, ptr, col, plan, tptr, trow, tperm, csc_plan, bias, ea, eq, key, scale, p = inputs
     out, lse, eo = output
     # The CPU kernels' backward recomputes D_i from the edges: the output is not
     # kept (at N = 1M, embed 128, 0.5 GB less at the backward's peak).
     keep_out = q.device.type != "cpu"
     ctx.save_for_backward(
-        q, k, v, ptr, col, bias, ea, eq, key, out if keep_out else None, lse,
-        eo if keep_out and ea is not None else None, *plan, *csc,
+        q, k, v, ptr, col, plan, tptr, trow, tperm, csc_plan, bias, ea, eq, key,
+        out if keep_out else None, lse, eo if keep_out and ea is not None else None,
     )  # fmt: skip
-    ctx.num_plan, ctx.scale, ctx.p = len(plan), scale, p
-    ctx.num_csc = len(csc)
+    ctx.scale, ctx.p = scale, p
 
 
 def _attention_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor, grad_eo: Tensor) -> Any:
-    saved = ctx.saved_tensors
-    q, k, v, ptr, col, bias, ea, eq, key, out, lse, eo = saved[:12]
-    plan = list(saved[12 : 12 + ctx.num_plan])
-    csc = list(saved[12 + ctx.num_plan :])
-    need_dea = ea is not None and ctx.needs_input_grad[8]
+    q, k, v, ptr, col, plan, tptr, trow, tperm, csc_plan, bias, ea, eq, key, out, lse, eo = (
+        ctx.saved_tensors
+    )
+    need_dea = ea is not None and ctx.needs_input_grad[11]
     ge = grad_eo.contiguous() if ea is not None and grad_eo is not None else None
     dq, dk, dv, dbias, dea, deq = torch.ops.gnnattn.attention_bwd(
-        q, k, v, out, lse, grad_out.contiguous(), ptr, col, plan, csc, bias, ea, eq, eo, ge,
-        key, ctx.scale, ctx.p, need_dea,
+        q, k, v, out, lse, grad_out.contiguous(), ptr, col, plan, tptr, trow, tperm, csc_plan,
+        bias, ea, eq, eo, ge, key, ctx.scale, ctx.p, need_dea,
     )  # fmt: skip
     return (
-        dq, dk, dv, None, None, [None] * ctx.num_plan, [None] * ctx.num_csc,
+        dq, dk, dv, None, None, None, None, None, None, None,
         dbias if bias is not None else None, dea if need_dea else None,
         deq if eq is not None else None, None, None, None,
     )  # fmt: skip

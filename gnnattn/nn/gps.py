@@ -193,6 +193,7 @@ class GPSConv(torch.nn.Module):
         edge_index: Adj,
         batch: Tensor | None = None,
         *,
+        attn_graph: AttentionGraph | None = None,
         backend: str | None = None,
         **kwargs: Any,
     ) -> Tensor:
@@ -204,12 +205,26 @@ class GPSConv(torch.nn.Module):
             batch (Tensor, optional): sorted graph id of every node ``[|V|]``
                 (nodes of one graph contiguous, as in a PyG ``Batch``); all
                 nodes form one graph when omitted. (default: :obj:`None`)
+            attn_graph (AttentionGraph, optional): the global attention's graph,
+                built once (``AttentionGraph.from_batch(batch)``, or any
+                graph); made from ``batch`` on every call when omitted, which
+                reads the graph sizes on the host (inside ``torch.compile``,
+                a graph break: pass it). (default: :obj:`None`)
             backend (str, optional): overrides the layer's ``backend`` for this
                 call only. (default: :obj:`None`, the layer's)
             **kwargs: further arguments of ``conv`` (``edge_attr``, ...).
         """
         check_x(x, self.channels)
-        graph = self._graph(x, batch)  # checks batch before any work is done
+        if attn_graph is None:
+            graph = self._graph(x, batch)  # checks batch before any work is done
+        else:
+            if not isinstance(attn_graph, AttentionGraph):
+                raise TypeError(
+                    f"Expected 'attn_graph' to be an AttentionGraph, got "
+                    f"{type(attn_graph).__name__}"
+                )
+            attn_graph.check_nodes(x.shape[0], x.shape[0], x.device)
+            graph = attn_graph
         hs = []
         if self.conv is not None:  # local message passing
             h = self.conv(x, edge_index, **kwargs)

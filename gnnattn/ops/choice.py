@@ -15,8 +15,10 @@ the CPU, Triton on CUDA)                    (dropout and edge features included)
 anything else                               ``"mp"`` (message passing, the reference)
 =========================================  ==========================================
 
-The same inside ``torch.compile`` and ``torch.export``: the kernels are
-operators (:mod:`gnnattn.kernels.library`). An explicit backend is taken as
+The same inside ``torch.compile`` and ``torch.export`` (the kernels are
+operators, :mod:`gnnattn.kernels.library`), except for a batch of blocks of
+different lengths, which takes ``"fused"`` there: SDPA runs such a batch in
+buckets, one call each, a Python structure that would recompile per batch. An explicit backend is taken as
 asked, or refused with a ``ValueError`` that says why.
 """
 
@@ -168,7 +170,12 @@ def backend_for(
         if why is not None:
             raise ValueError(f"backend={backend!r} {why}. Use 'fused' or 'mp' (or 'auto').")
         return BackendChoice(backend, "asked for")
-    s = graph.structure if _refusal("sdpa", graph, options - {"dropout"}) is None else None
+    s = graph.structure if _refusal("sdpa", graph, options) is None else None
+    # Inside torch.compile a batch of blocks of different lengths is not sent to
+    # SDPA: its bucketed plan is Python structure (a call per bucket), which
+    # would make every new batch a new compiled graph.
+    if s is not None and not s.uniform and torch.compiler.is_compiling():
+        s = None
     if s is not None and (s.kind in ("complete", "causal") or graph.density > 0.25):
         return BackendChoice("sdpa", f"{s.kind.replace('_', ' ')} graph: the dense SDPA kernel")
     fused = DECLARATIONS["fused"].devices

@@ -74,10 +74,14 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
     # The backward's layout goes in with the forward, so that the op's autograd
     # has it; made now (once per graph), before the forward's activations
     # exist, not in the backward, where its sort would add to the peak memory.
-    csc = [*graph.kernel_layout("csc"), *graph.kernel_plan("csc")] if backward else []
+    tptr = trow = tperm = None
+    csc_plan = ptr.new_empty(0)
+    if backward:
+        tptr, trow, tperm = graph.kernel_layout("csc")
+        csc_plan = graph.kernel_plan("csc")
     out, lse, eo = torch.ops.gnnattn.attention_fwd(
-        qc, kc, vc, ptr, col, graph.kernel_plan("csr"), csc, bc, eac, eqc, a.dropout_key, scale,
-        a.dropout_p,
+        qc, kc, vc, ptr, col, graph.kernel_plan("csr"), tptr, trow, tperm, csc_plan, bc, eac,
+        eqc, a.dropout_key, scale, a.dropout_p,
     )  # fmt: skip
     if edge_attr is not None and edge_value is not None:
         wv = edge_value.view(h, cv, -1).to(dtype)  # (H, Cv, F)

@@ -136,8 +136,8 @@ def plan(ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None)
 
     For the transposed CSR ``(tptr, trow, tperm)`` of a graph with ``N``
     targets, ``plan(tptr, trow, N, perm=tperm)``: the source pass reads the
-    bias, the value bias and the dropout stream at ``tperm[t]``, so ``perm``
-    is checked too and kept. A plan made without it (the reference's and the
+    bias and the dropout stream at ``tperm[t]``, so ``perm`` is checked too
+    and kept. A plan made without it (the reference's and the
     Triton kernels' signature) serves calls with those options only with
     ``csc=`` given alongside, whose ``tperm`` is then trusted unchecked.
 
@@ -154,6 +154,36 @@ def plan(ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None)
         TypeError, ValueError: naming the argument that is not as expected.
     """
     return _make_plan(ptr, col, num_cols, perm)
+
+
+def plan_tensors(ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None) -> Tensor:
+    """:func:`plan` as the operators take it: the split in one int64 tensor.
+
+    ``[K + 1, P, S + 1, bounds..., pieces..., seg...]``: the three lengths,
+    then :class:`_Plan`'s arrays. The graph object keeps it and passes it to
+    every call; the limit on a segment's length is a function of the edge
+    count, so it is not stored.
+    """
+    w = plan(ptr, col, num_cols, perm=perm).work
+    head = np.array([w.bounds.size, w.pieces.shape[0], w.seg.size], np.int64)
+    return torch.from_numpy(np.concatenate([head, w.bounds, w.pieces.reshape(-1), w.seg]))
+
+
+def plan_from_tensors(
+    ptr: Tensor, col: Tensor, num_cols: int, packed: Tensor, *, perm: Tensor | None = None
+) -> CPUPlan:
+    """The :class:`CPUPlan` of :func:`plan_tensors`' result (nothing is checked or scanned:
+    the indices were checked when it was made)."""
+    flat = packed.numpy()
+    k, p, s = (int(x) for x in flat[:3])
+    work = _Plan.__new__(_Plan)
+    work.bounds = flat[3 : 3 + k]
+    work.pieces = flat[3 + k : 3 + k + 3 * p].reshape(p, 3)
+    work.seg = flat[3 + k + 3 * p : 3 + k + 3 * p + s]
+    work.limit = _piece_limit(col.numel())
+    pm = perm.contiguous().numpy() if perm is not None else None
+    c, q = ptr.contiguous().numpy(), col.contiguous().numpy()
+    return CPUPlan(c, q, pm, int(num_cols), _threads(), work)
 
 
 def _make_plan(
@@ -260,12 +290,8 @@ def _check_rows(name: str, t: Tensor, shape: tuple[int, ...]) -> None:
         raise ValueError(f"Expected '{name}' of shape {list(shape)}, got {list(t.shape)}")
 
 
-def _check_options(
-    value_bias: Tensor | None, dropout: Dropout | None, v: Tensor, num_edges: int
-) -> Dropout | None:
-    """Check the options; the dropout to apply (``None`` for ``p = 0``: nothing is dropped)."""
-    if value_bias is not None:
-        _check_rows("value_bias", value_bias, (num_edges, v.shape[1], v.shape[2]))
+def _check_options(dropout: Dropout | None) -> Dropout | None:
+    """Check the dropout; the one to apply (``None`` for ``p = 0``: nothing is dropped)."""
     if dropout is None:
         return None
     if not isinstance(dropout, Dropout):
@@ -332,11 +358,8 @@ def _bias(bias: Tensor | None, dt: torch.dtype, nh: int) -> np.ndarray:
     return bias.detach().to(dt).contiguous().numpy()
 
 
-def _option_args(
-    value_bias: Tensor | None, dropout: Dropout | None, dt: torch.dtype
-) -> tuple[np.ndarray | None, np.ndarray | None, np.floating]:
-    """The kernels' ``vb`` (``[E, H*Cv]`` rows), ``key`` and ``dscale``; ``None`` for an
-    absent option (the specialisation without it)."""
-    vb = _rows(value_bias, dt) if value_bias is not None else None
+def _option_args(dropout: Dropout | None, dt: torch.dtype) -> tuple[np.ndarray | None, np.floating]:
+    """The kernels' dropout ``key`` and ``dscale``; ``key`` is ``None`` without dropout
+    (the specialisation without it)."""
     key = stream(dropout) if dropout is not None else None
-    return vb, key, _scalar(dropout.scale if dropout is not None else 1.0, dt)
+    return key, _scalar(dropout.scale if dropout is not None else 1.0, dt)
