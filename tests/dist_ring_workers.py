@@ -103,7 +103,6 @@ def errors() -> dict[str, str]:
     t = torch.randn(1, 1)
     bad = {
         "score_bias": lambda: part.attention(q, q, q, score_bias=t),
-        "value_bias": lambda: part.attention(q, q, q, value_bias=t),
         "edge_attr": lambda: part.attention(q, q, q, edge_attr=t),
         "edge_key": lambda: part.attention(q, q, q, edge_key=t),
         "edge_value": lambda: part.attention(q, q, q, edge_value=t),

@@ -41,7 +41,7 @@ def _graph_without_duplicates(n: int, m: int, e: int, seed: int) -> torch.Tensor
     return torch.stack([src[keep], dst[keep]])
 
 
-def _dense(q, k, v, edge_index, scale, score_bias=None, value_bias=None, keep=None, p=0.0):
+def _dense(q, k, v, edge_index, scale, score_bias=None, keep=None, p=0.0):
     """The definition, through ``[H, N, M]`` matrices (float64)."""
     n, h, _ = q.shape
     m, cv = k.shape[0], v.shape[2]
@@ -61,10 +61,6 @@ def _dense(q, k, v, edge_index, scale, score_bias=None, value_bias=None, keep=No
         f[:, dst, src] = keep.T.to(q.dtype) / (1 - p)
         p_mat = p_mat * f
     out = torch.einsum("hnm,mhc->nhc", p_mat, v)
-    if value_bias is not None:
-        # sum_j P_ij vb_ij: the per-edge term, scattered onto the targets.
-        w = p_mat[:, dst, src].T  # (E, H)
-        out = out.index_add(0, dst, w.unsqueeze(-1) * value_bias)
     weights = (torch.softmax(s, dim=-1) * has_edge.view(1, n, 1))[:, dst, src].T
     assert out.shape == (n, h, cv)
     return out, lse, weights
@@ -77,35 +73,32 @@ def _inputs(n=9, m=7, h=2, c=3, cv=4, e=30, seed=0, dtype=torch.float64):
     k = torch.randn(m, h, c, dtype=dtype, requires_grad=True)
     v = torch.randn(m, h, cv, dtype=dtype, requires_grad=True)
     sb = torch.randn(ei.shape[1], h, dtype=dtype, requires_grad=True)
-    vb = torch.randn(ei.shape[1], h, cv, dtype=dtype, requires_grad=True)
-    return ei, q, k, v, sb, vb
+    return ei, q, k, v, sb
 
 
 @pytest.mark.parametrize("backend", SPARSE_BACKENDS)
-@pytest.mark.parametrize("options", ["none", "score_bias", "value_bias", "dropout", "all"])
+@pytest.mark.parametrize("options", ["none", "score_bias", "dropout", "all"])
 def test_sparse_backends_equal_dense(backend, options):
-    ei, q, k, v, sb, vb = _inputs()
+    ei, q, k, v, sb = _inputs()
     graph = AttentionGraph(ei, q.shape[0], num_src=k.shape[0])
     use_sb = sb if options in ("score_bias", "all") else None
-    use_vb = vb if options in ("value_bias", "all") else None
     p = 0.3 if options in ("dropout", "all") else 0.0
     torch.manual_seed(11)
     res = attention(
-        q, k, v, graph, score_bias=use_sb, value_bias=use_vb, dropout_p=p, backend=backend,
-        return_lse=True, need_weights=True,
+        q, k, v, graph, score_bias=use_sb, dropout_p=p, backend=backend, return_lse=True,
+        need_weights=True,
     )  # fmt: skip
     assert res.backend == backend
     keep = None
     if p:
         # The mask the call drew: the same torch seed gives the same key.
         torch.manual_seed(11)
-        key = gnnattn.kernels.common.draw_dropout(p)
-        keep = dropout_mask(graph, key, q.shape[1])
-    want_out, want_lse, want_w = _dense(q, k, v, ei, 3**-0.5, use_sb, use_vb, keep, p)
+        keep = dropout_mask(graph, gnnattn.kernels.library.draw_key(), p, q.shape[1])
+    want_out, want_lse, want_w = _dense(q, k, v, ei, 3**-0.5, use_sb, keep, p)
     torch.testing.assert_close(res.out, want_out, atol=1e-10, rtol=0)
     torch.testing.assert_close(res.lse, want_lse, atol=1e-10, rtol=0)
     torch.testing.assert_close(res.weights, want_w, atol=1e-10, rtol=0)
-    leaves = [t for t in (q, k, v, use_sb, use_vb) if t is not None]
+    leaves = [t for t in (q, k, v, use_sb) if t is not None]
     go = torch.randn_like(want_out)
     got = torch.autograd.grad(res.out, leaves, go)
     want = torch.autograd.grad(want_out, leaves, go)
@@ -155,15 +148,14 @@ def test_dropout_same_mask_on_mp_and_fused_and_kept_fraction():
 
 @pytest.mark.parametrize("backend", SPARSE_BACKENDS)
 def test_gradcheck_with_a_fixed_dropout_mask(backend):
-    ei, q, k, v, sb, vb = _inputs(n=5, m=4, e=12, seed=2)
+    ei, q, k, v, sb = _inputs(n=5, m=4, e=12, seed=2)
     graph = AttentionGraph(ei, 5, num_src=4)
 
-    def fn(q, k, v, sb, vb):
+    def fn(q, k, v, sb):
         torch.manual_seed(7)  # the same key, so the same mask, on every evaluation
-        return attention(q, k, v, graph, score_bias=sb, value_bias=vb, dropout_p=0.4,
-                         backend=backend)  # fmt: skip
+        return attention(q, k, v, graph, score_bias=sb, dropout_p=0.4, backend=backend)
 
-    assert torch.autograd.gradcheck(fn, (q, k, v, sb, vb))
+    assert torch.autograd.gradcheck(fn, (q, k, v, sb))
 
 
 def test_per_call_backend_override_and_threads():
@@ -203,7 +195,7 @@ def test_backend_for_says_why_and_auto_warns_on_large_graphs_on_mp(monkeypatch):
     q = torch.zeros(4, 1, 8)
     assert backend_for(q, AttentionGraph.complete(4)).backend == "sdpa"
     sparse = AttentionGraph(torch.tensor([[0, 1, 2], [1, 2, 3]]), 4)
-    choice = backend_for(q, sparse, dropout_p=0.1, value_bias=True)
+    choice = backend_for(q, sparse, dropout_p=0.1, score_bias=True)
     assert choice.backend == "fused" and "sparse" in choice.reason
     with pytest.raises(ValueError, match="sdpa"):
         backend_for(q, sparse, backend="sdpa")
@@ -211,7 +203,9 @@ def test_backend_for_says_why_and_auto_warns_on_large_graphs_on_mp(monkeypatch):
         backend_for(q, AttentionGraph.complete(4), backend="sdpa", score_bias=True)
     # No compiled kernel: "auto" falls back to message passing and, on a
     # large graph, says so once per graph, whatever the warnings filter.
-    monkeypatch.setattr(choice_mod.kernels, "get", lambda device: kernels_pkg.reference)
+    decl = dict(choice_mod.DECLARATIONS)
+    decl["fused"] = decl["fused"]._replace(devices=frozenset())
+    monkeypatch.setattr(choice_mod, "DECLARATIONS", types.MappingProxyType(decl))
     monkeypatch.setattr(choice_mod, "_WARN_EDGES", 2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -245,13 +239,13 @@ def test_planning_once_per_graph(monkeypatch):
     if cpu is kernels_pkg.reference:
         pytest.skip("numba is not installed")
     calls: list[int] = []
-    real = cpu.plan
+    real = cpu.plan_tensors
 
     def counting(ptr, col, num_cols, *args, **kwargs):
         calls.append(col.numel())
         return real(ptr, col, num_cols, *args, **kwargs)
 
-    monkeypatch.setattr(cpu, "plan", counting)
+    monkeypatch.setattr(cpu, "plan_tensors", counting)
     n = 50
     graph = AttentionGraph(torch.randint(0, n, (2, 400)), n)
     layer = gnnattn.SelfAttentionConv(8, 2, dropout=0.2, edge_dim=2, edge_value=True)

@@ -82,7 +82,7 @@ def test_wrong_block_order_is_caught(launched: dict[str, Any]) -> None:
 def test_unsupported_options_raise_on_every_rank(launched: dict[str, Any]) -> None:
     for rank in launched["ranks"]:
         msgs = rank["errors"]
-        for option in ("score_bias", "value_bias", "edge_attr", "edge_key", "edge_value"):
+        for option in ("score_bias", "edge_attr", "edge_key", "edge_value"):
             assert msgs[option].startswith("ValueError") and option in msgs[option]
             assert "never built" in msgs[option]
         assert "dropout_p" in msgs["dropout_p"] and "need_weights" in msgs["need_weights"]

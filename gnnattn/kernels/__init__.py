@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 
 import torch
 
@@ -48,7 +48,7 @@ from . import reference
 __all__ = ["COMPILED", "get", "library", "reference"]
 
 #: The compiled kernel module of each device type, and the package it needs.
-_MODULES = {"cpu": ("cpu", "numba"), "cuda": ("triton_ops", "triton")}
+_MODULES = MappingProxyType({"cpu": ("cpu", "numba"), "cuda": ("triton_ops", "triton")})
 
 #: The device types with compiled kernels in this environment (their package
 #: is installed): found once at import, without importing numba or triton.

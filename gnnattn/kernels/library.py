@@ -98,6 +98,15 @@ def _empty(like: Tensor) -> Tensor:
     return like.new_empty(0)
 
 
+def _own(t: Tensor) -> Tensor:
+    """``t``, or a contiguous copy when it views another tensor or is strided (a view
+    of a numpy buffer has no ``_base``): an op's results own their memory, laid out
+    as the fake kernels say (contiguous)."""
+    if t._base is None and t.is_contiguous():
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 # --------------------------------------------------------------------------- attention
 
 
@@ -146,7 +155,7 @@ def attention_fwd(
     eo = res[2] if edge_attr is not None else q.new_empty(n, h, 0)
     # A custom op's results may not alias its inputs (an empty graph's kernels
     # may return views of them).
-    return out.clone() if out._base is not None else out, lse, eo
+    return _own(out), _own(lse), _own(eo)
 
 
 @attention_fwd.register_fake
@@ -232,10 +241,8 @@ def attention_bwd(
     deq = res[-1] if edge_attr is not None else None
     grads = [dq, dk, dv, dbias, dea, deq]
     # Results may not alias inputs or each other (dbias may be a view of the
-    # kernel's [dS | P] buffer): a view is copied.
-    return tuple(  # type: ignore[return-value]
-        _empty(q) if g is None else (g.clone() if g._base is not None else g) for g in grads
-    )
+    # kernel's [dS | P] buffer).
+    return tuple(_empty(q) if g is None else _own(g) for g in grads)  # type: ignore[return-value]
 
 
 @attention_bwd.register_fake

@@ -25,6 +25,8 @@ asked, or refused with a ``ValueError`` that says why.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
@@ -74,11 +76,13 @@ _ALL_OPTIONS = frozenset({"score_bias", "edge_attr", "bipartite", "dropout"})
 
 #: The backends' declarations (``"fused"`` runs the torch reference of its
 #: kernels where none is compiled, when asked for by name).
-DECLARATIONS: dict[str, Declaration] = {
-    "mp": Declaration(_ALL_OPTIONS, "any", None),
-    "sdpa": Declaration(frozenset({"dropout"}), "structured", None),
-    "fused": Declaration(_ALL_OPTIONS, "any", COMPILED),
-}
+DECLARATIONS: Mapping[str, Declaration] = MappingProxyType(
+    {
+        "mp": Declaration(_ALL_OPTIONS, "any", None),
+        "sdpa": Declaration(frozenset({"dropout"}), "structured", None),
+        "fused": Declaration(_ALL_OPTIONS, "any", COMPILED),
+    }
+)
 
 
 class BackendChoice(NamedTuple):

@@ -19,7 +19,8 @@ from their declarations.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
@@ -165,11 +166,9 @@ def _sdpa(a: AttentionArgs) -> tuple[Tensor, Tensor | None, Tensor | None]:
 
 
 #: Each backend's entry point: one validated call in, ``(out, lse, weights)`` out.
-_BACKENDS: dict[str, Callable[[AttentionArgs], tuple[Tensor, Tensor | None, Tensor | None]]] = {
-    "mp": mp_attention,
-    "sdpa": _sdpa,
-    "fused": fused_attention,
-}
+_BACKENDS: Mapping[str, Callable[[AttentionArgs], tuple[Tensor, Tensor | None, Tensor | None]]] = (
+    MappingProxyType({"mp": mp_attention, "sdpa": _sdpa, "fused": fused_attention})
+)
 
 
 def attention(

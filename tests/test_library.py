@@ -1,0 +1,135 @@
+"""The kernels as operators (``torch.ops.gnnattn.*``): registration, fakes, autograd.
+
+``torch.library.opcheck`` runs each op for real, through its fake kernel, through
+autograd and through AOTAutograd with dynamic shapes, and compares. The CPU ops run
+the numba kernels; on a CUDA machine the same checks run the Triton ones.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gnnattn import AttentionGraph
+from gnnattn.kernels import COMPILED
+from gnnattn.kernels.library import draw_key, plan_tensors
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+pytestmark = pytest.mark.skipif(
+    DEV not in COMPILED, reason=f"no compiled kernels for {DEV} (numba / triton missing)"
+)
+
+
+def _graphs() -> dict[str, tuple[torch.Tensor, int, int]]:
+    """``(edge_index, num_dst, num_src)`` of awkward graphs."""
+    g = torch.Generator().manual_seed(0)
+    hub_dst = torch.zeros(2100, dtype=torch.long)  # past the CPU kernels' 2048-edge pieces
+    hub = torch.stack([torch.randint(0, 7, (2100,), generator=g), hub_dst])
+    isolated = torch.tensor([[0, 1, 4, 4], [1, 1, 0, 3]])  # targets 2 and 4 have no edge
+    return {
+        "one_node": (torch.tensor([[0], [0]]), 1, 1),
+        "empty": (torch.zeros(2, 0, dtype=torch.long), 5, 5),
+        "isolated": (isolated, 5, 5),
+        "hub": (torch.cat([hub, torch.tensor([[3, 5], [2, 6]])], 1), 7, 7),
+        "bipartite": (torch.randint(0, 3, (2, 11), generator=g) * torch.tensor([[1], [2]]), 5, 3),
+    }
+
+
+def _layout(ei: torch.Tensor, n: int, m: int, planned: bool) -> dict[str, torch.Tensor]:
+    graph = AttentionGraph(ei.to(DEV), n, num_src=m if m != n else None)
+    ptr, col = graph.kernel_layout("csr")
+    tptr, trow, tperm = graph.kernel_layout("csc")
+    empty = torch.empty(0, dtype=torch.int64, device=DEV)
+    plan = plan_tensors(ptr, col, m) if planned else empty
+    csc_plan = plan_tensors(tptr, trow, n, perm=tperm) if planned else empty
+    return dict(ptr=ptr, col=col, plan=plan, tptr=tptr, trow=trow, tperm=tperm, csc_plan=csc_plan)
+
+
+def _attention_args(name: str, options: str, planned: bool, dtype: torch.dtype) -> tuple:
+    ei, n, m = _graphs()[name]
+    lay = _layout(ei, n, m, planned)
+    e = lay["col"].numel()
+    h, c, cv, f = 3, 5, 7, 3  # no power of two
+    g = torch.Generator().manual_seed(1)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, dtype=dtype).to(DEV).requires_grad_()
+
+    q, k, v = rand(n, h, c), rand(m, h, c), rand(m, h, cv)
+    bias = rand(e, h) if "bias" in options else None
+    ea = rand(e, f) if "edge" in options else None
+    eq = rand(n, h, f) if "edge" in options else None
+    key = draw_key() if "dropout" in options else None
+    p = 0.3 if "dropout" in options else 0.0
+    return (
+        q, k, v, lay["ptr"], lay["col"], lay["plan"], lay["tptr"], lay["trow"], lay["tperm"],
+        lay["csc_plan"], bias, ea, eq, key, 0.4, p,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(_graphs()))
+@pytest.mark.parametrize(
+    "options,planned", [("", True), ("bias+dropout", False), ("edge+dropout+bias", True)]
+)
+def test_opcheck_attention(name: str, options: str, planned: bool) -> None:
+    """Forward and backward (through the registered autograd) on awkward graphs."""
+    dtype = torch.float64 if DEV == "cpu" else torch.float32
+    args = _attention_args(name, options, planned, dtype)
+    torch.library.opcheck(torch.ops.gnnattn.attention_fwd.default, args)
+
+
+def test_opcheck_attention_backward_directly() -> None:
+    args = _attention_args("hub", "edge+dropout+bias", True, torch.float64)
+    q, k, v, ptr, col, plan, tptr, trow, tperm, csc_plan, bias, ea, eq, key, scale, p = args
+    out, lse, eo = torch.ops.gnnattn.attention_fwd(*args)
+    detached = [t.detach() if isinstance(t, torch.Tensor) else t for t in args]
+    q, k, v = detached[:3]
+    bias, ea, eq = detached[10:13]
+    go, geo = torch.randn_like(out), torch.randn_like(eo)
+    none = None if DEV == "cpu" else out.detach()
+    bwd_args = (
+        q, k, v, none, lse.detach(), go, ptr, col, plan, tptr, trow, tperm, csc_plan, bias, ea, eq,
+        None if DEV == "cpu" else eo.detach(), geo, key, scale, p, True,
+    )  # fmt: skip
+    torch.library.opcheck(torch.ops.gnnattn.attention_bwd.default, bwd_args)
+
+
+@pytest.mark.parametrize("segments", [[0], [3], [1, 0, 4, 2100, 0, 7]])
+def test_opcheck_segment_softmax(segments: list[int]) -> None:
+    counts = torch.tensor(segments)
+    ptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]).to(DEV)
+    src = torch.randn(int(counts.sum()), 3, dtype=torch.float64, device=DEV) * 1e3
+    torch.library.opcheck(
+        torch.ops.gnnattn.segment_softmax_fwd.default, (src.requires_grad_(), ptr)
+    )
+    y = torch.ops.gnnattn.segment_softmax_fwd(src.detach(), ptr)
+    torch.library.opcheck(
+        torch.ops.gnnattn.segment_softmax_bwd.default, (y, torch.randn_like(y), ptr)
+    )
+
+
+@pytest.mark.parametrize("shape", [(0,), (1,), (7, 13), (3, 5, 17)])
+def test_opcheck_activation_dropout(shape: tuple[int, ...]) -> None:
+    x = torch.randn(*shape, dtype=torch.float64, device=DEV, requires_grad=True)
+    key = draw_key()
+    torch.library.opcheck(torch.ops.gnnattn.dropout.default, (x, key, 0.3))
+    torch.library.opcheck(torch.ops.gnnattn.relu_dropout.default, (x, key, 0.3))
+    y = torch.ops.gnnattn.relu_dropout(x.detach(), key, 0.3)
+    torch.library.opcheck(torch.ops.gnnattn.relu_dropout_bwd.default, (y, torch.randn_like(y), 0.3))
+    counter = torch.arange(int(torch.tensor(shape).prod()), device=DEV)
+    torch.library.opcheck(torch.ops.gnnattn.dropout_bits.default, (counter, key))
+
+
+def test_dropout_ops_mask_like_the_reference_stream() -> None:
+    """The ops draw the stream of :mod:`gnnattn.kernels.common` (a test that can fail:
+    another hash, offset or threshold changes the kept set)."""
+    from gnnattn.kernels import reference
+    from gnnattn.kernels.common import Dropout
+
+    key = torch.tensor([2**40 + 3, 11])
+    x = torch.randn(50, 9, dtype=torch.float64)
+    want = reference.dropout(x, Dropout(0.3, 2**40 + 3, 11))
+    torch.testing.assert_close(torch.ops.gnnattn.dropout(x, key, 0.3), want, atol=0, rtol=0)
+    keep = torch.ops.gnnattn.dropout_bits(torch.arange(450), key).view(50, 9) >= round(0.3 * 2**24)
+    torch.testing.assert_close(want != 0, keep & (x != 0))
