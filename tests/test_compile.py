@@ -1,0 +1,205 @@
+"""``torch.compile`` and ``torch.export`` keep the fused kernels (the operators of
+:mod:`gnnattn.kernels.library`), with the eager numbers.
+
+Compiled with the default Inductor backend (C++ code on the CPU), so these are
+the slowest tests of the file's group; the sizes are small.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from gnnattn import AttentionGraph
+from gnnattn.kernels import COMPILED
+from gnnattn.nn import GPSConv, GraphTransformer, SelfAttentionConv, TransformerConv
+
+pytestmark = pytest.mark.skipif("cpu" not in COMPILED, reason="numba is not installed")
+
+# Dynamo's graphs call the op's packet, export's its overload.
+FUSED = {torch.ops.gnnattn.attention_fwd, torch.ops.gnnattn.attention_fwd.default}
+
+
+def _sparse(n: int, seed: int, deg: int = 8) -> tuple[torch.Tensor, AttentionGraph]:
+    ei = torch.randint(0, n, (2, deg * n), generator=torch.Generator().manual_seed(seed))
+    return ei, AttentionGraph(ei, n).prepare()
+
+
+def _batch(n: int, seed: int) -> tuple[torch.Tensor, AttentionGraph]:
+    """A sorted batch vector of graphs of 5-24 nodes, and its attention graph."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(5, 25, (n,), generator=g)
+    batch = torch.repeat_interleave(torch.arange(n), sizes)[:n]
+    return batch, AttentionGraph.from_batch(batch).prepare()
+
+
+def _layers() -> dict[str, tuple[torch.nn.Module, Callable[..., torch.Tensor]]]:
+    torch.manual_seed(0)
+    gps = GPSConv(32, TransformerConv(32, 8, heads=4, edge_dim=4), heads=4, dropout=0.1)
+    return {
+        "SelfAttentionConv": (SelfAttentionConv(32, 4, dropout=0.1), lambda m, x, d: m(x, d["g"])),
+        "GraphTransformer": (
+            GraphTransformer(2, 32, 4, dropout=0.1, edge_dim=4, edge_value=True),
+            lambda m, x, d: m(x, d["g"], d["ea"]),
+        ),
+        "TransformerConv": (
+            TransformerConv(32, 8, heads=4, edge_dim=4, dropout=0.1),
+            lambda m, x, d: m(x, d["g"], d["ea"]),
+        ),
+        "GPSConv": (
+            gps,
+            lambda m, x, d: m(x, d["g"], d["batch"], attn_graph=d["ag"], edge_attr=d["ea"]),
+        ),
+    }
+
+
+def _data(n: int, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    ei, g = _sparse(n, seed)
+    batch, ag = _batch(n, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    ea = torch.randn(ei.shape[1], 4, generator=gen, dtype=dtype)
+    x = torch.randn(n, 32, generator=gen, dtype=dtype)
+    return {"g": g, "ea": ea, "batch": batch, "ag": ag, "x": x}
+
+
+def _ops_in(gm: torch.fx.GraphModule) -> set[Any]:
+    return {node.target for node in gm.graph.nodes if node.op == "call_function"}
+
+
+@pytest.mark.parametrize("name", list(_layers()))
+def test_layers_compile_fullgraph_on_the_fused_kernels(name: str) -> None:
+    """No graph break, the fused op in the graph, and (Inductor, dropout included) the
+    eager outputs and gradients at float32's 1e-5."""
+    layer, call = _layers()[name]
+    d = _data(120, seed=1)
+    x = d["x"].requires_grad_()
+    explained = torch._dynamo.explain(lambda x: call(layer, x, d))(x)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    seen: set[Any] = set()
+
+    def spy(gm: torch.fx.GraphModule, example: Any) -> Callable[..., Any]:
+        seen.update(_ops_in(gm))
+        return gm.forward
+
+    torch.compile(lambda x: call(layer, x, d), backend=spy, fullgraph=True)(x)
+    assert FUSED & seen  # "auto" took the fused kernels inside the compiled region
+    compiled = torch.compile(lambda x: call(layer, x, d), fullgraph=True)
+    # Inductor's own RNG would draw other dropout keys than eager: fallback_random
+    # makes it call torch's generator, so both draw the same masks.
+    with torch._inductor.config.patch(fallback_random=True):
+        torch.manual_seed(5)
+        got = compiled(x)
+        (gx,) = torch.autograd.grad(got.square().sum(), x)
+    torch.manual_seed(5)
+    want = call(layer, x, d)
+    (wx,) = torch.autograd.grad(want.square().sum(), x)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gx, wx, atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_float64_equals_eager_to_1e_10() -> None:
+    layer, call = _layers()["GraphTransformer"]
+    layer = layer.double()
+    d = _data(40, seed=2, dtype=torch.float64)
+    x = d["x"].requires_grad_()
+    compiled = torch.compile(lambda x: call(layer, x, d), fullgraph=True)
+    with torch._inductor.config.patch(fallback_random=True):
+        torch.manual_seed(9)
+        got = compiled(x)
+        got_grads = torch.autograd.grad(got.sum(), [x, *layer.parameters()])
+    torch.manual_seed(9)
+    want = call(layer, x, d)
+    want_grads = torch.autograd.grad(want.sum(), [x, *layer.parameters()])
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["GraphTransformer", "GPSConv"])
+def test_graphs_of_other_sizes_recompile_at_most_once(name: str) -> None:
+    layer, call = _layers()[name]
+    compiles = []
+
+    def counting(gm: torch.fx.GraphModule, example: Any) -> Callable[..., Any]:
+        compiles.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(lambda x, d: call(layer, x, d), backend=counting, fullgraph=True)
+    for n, seed in ((60, 3), (97, 4), (150, 5)):
+        d = _data(n, seed)
+        compiled(d["x"].requires_grad_(), d).sum().backward()
+    assert len(compiles) <= 2  # the first compile, and one that makes the sizes dynamic
+
+
+def test_auto_picks_sdpa_compiled_on_a_structured_graph() -> None:
+    """The same choice as in eager mode: SDPA for a complete graph."""
+    layer = SelfAttentionConv(32, 4)
+    seen: set[Any] = set()
+
+    def spy(gm: torch.fx.GraphModule, example: Any) -> Callable[..., Any]:
+        seen.update(_ops_in(gm))
+        return gm.forward
+
+    graph = AttentionGraph.complete(30)
+    x = torch.randn(30, 32)
+    out = torch.compile(lambda x: layer(x, graph), backend=spy, fullgraph=True)(x)
+    assert not FUSED & seen
+    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default in seen or any(
+        "scaled_dot_product" in str(t) for t in seen
+    )
+    torch.testing.assert_close(out, layer(x, graph))
+
+
+class _Model(torch.nn.Module):
+    """A graph transformer taking a plain ``edge_index``, as a served model would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = GraphTransformer(2, 32, 4, edge_dim=4, edge_value=True)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, edge_attr: torch.Tensor):
+        return self.encoder(x, edge_index, edge_attr)
+
+
+def test_export_and_aot_inductor_package_round_trip(tmp_path) -> None:
+    """``torch.export`` with dynamic node and edge counts, then an AOTInductor package
+    that a fresh process loads and runs: both equal eager."""
+    torch.manual_seed(0)
+    model = _Model().eval()
+    n, e = 50, 300
+    ei = torch.randint(0, n, (2, e))
+    x, ea = torch.randn(n, 32), torch.randn(e, 4)
+    nodes, edges = torch.export.Dim("nodes", min=2), torch.export.Dim("edges", min=2)
+    ep = torch.export.export(
+        model, (x, ei, ea), dynamic_shapes=({0: nodes}, {1: edges}, {0: edges})
+    )
+    assert FUSED & _ops_in(ep.graph_module)
+    torch.testing.assert_close(ep.module()(x, ei, ea), model(x, ei, ea), atol=1e-5, rtol=1e-5)
+    n2, e2 = 37, 211  # another graph through the same program
+    ei2 = torch.randint(0, n2, (2, e2))
+    x2, ea2 = torch.randn(n2, 32), torch.randn(e2, 4)
+    want = model(x2, ei2, ea2)
+    torch.testing.assert_close(ep.module()(x2, ei2, ea2), want, atol=1e-5, rtol=1e-5)
+    package = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "m.pt2"))
+    torch.save({"x": x2, "ei": ei2, "ea": ea2, "want": want}, tmp_path / "io.pt")
+    script = textwrap.dedent(
+        f"""
+        import torch
+        import gnnattn  # registers torch.ops.gnnattn, which the package calls
+        io = torch.load({str(tmp_path / "io.pt")!r})
+        model = torch._inductor.aoti_load_package({package!r})
+        got = model(io["x"], io["ei"], io["ea"])
+        print(float((got - io["want"]).abs().max()))
+        """
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert float(run.stdout.strip().splitlines()[-1]) < 1e-5
