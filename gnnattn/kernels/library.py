@@ -98,13 +98,26 @@ def _empty(like: Tensor) -> Tensor:
     return like.new_empty(0)
 
 
-def _own(t: Tensor) -> Tensor:
-    """``t``, or a contiguous copy when it views another tensor or is strided (a view
-    of a numpy buffer has no ``_base``): an op's results own their memory, laid out
-    as the fake kernels say (contiguous)."""
-    if t._base is None and t.is_contiguous():
-        return t
-    return t.clone(memory_format=torch.contiguous_format)
+def _owned(results: list[Tensor | None], inputs: tuple[Any, ...], like: Tensor) -> tuple:
+    """The results as an op may return them: contiguous (as the fake kernels say), never
+    sharing memory with an input or another result (an empty graph's kernels may
+    return an input, and ``dbias`` may view the ``[dS | P]`` buffer with ``P``);
+    ``None`` becomes an empty tensor. Only what breaks a rule is copied: a view of a
+    buffer the kernel made is returned as it is."""
+    seen = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, Tensor) and t.numel()}
+    out = []
+    for t in results:
+        if t is None:
+            out.append(_empty(like))
+            continue
+        ptr = t.untyped_storage().data_ptr() if t.numel() else None
+        if ptr in seen or not t.is_contiguous():
+            t = t.clone(memory_format=torch.contiguous_format)
+            ptr = t.untyped_storage().data_ptr() if t.numel() else None
+        if ptr is not None:
+            seen.add(ptr)
+        out.append(t)
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------- attention
@@ -153,9 +166,7 @@ def attention_fwd(
     out, lse = res[0], res[1]
     n, h = q.shape[0], q.shape[1]
     eo = res[2] if edge_attr is not None else q.new_empty(n, h, 0)
-    # A custom op's results may not alias its inputs (an empty graph's kernels
-    # may return views of them).
-    return _own(out), _own(lse), _own(eo)
+    return _owned([out, lse, eo], (q, k, v, bias, edge_attr, edge_query), q)
 
 
 @attention_fwd.register_fake
@@ -240,9 +251,8 @@ def attention_bwd(
     dea = res[-2] if edge_attr is not None else None
     deq = res[-1] if edge_attr is not None else None
     grads = [dq, dk, dv, dbias, dea, deq]
-    # Results may not alias inputs or each other (dbias may be a view of the
-    # kernel's [dS | P] buffer).
-    return tuple(_empty(q) if g is None else _own(g) for g in grads)  # type: ignore[return-value]
+    inputs = (q, k, v, out, lse, grad_out, bias, edge_attr, edge_query, edge_out, grad_edge_out)
+    return _owned(grads, inputs, q)
 
 
 @attention_bwd.register_fake

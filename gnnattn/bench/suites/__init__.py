@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..harness import BenchConfig, Case
+from .compiled import compile_rows
 from .dense import causal_cases, complete_cases, edge_index_cases
 from .distributed import distributed_rows
 from .limit import limit_cases
@@ -62,6 +63,8 @@ REGISTRY: tuple[Suite, ...] = (
           "graph sizes", pyg_cases),
     Suite("train", "a GraphTransformer training step (dropout, edge features): auto vs mp",
           rows=train_rows),
+    Suite("compile", "eager vs torch.compile (train step, sparse layer); small molecule "
+          "batches vs PyG, eager and compiled", rows=compile_rows),
     Suite("scale", "N = 1M forward + backward: time and peak RSS (--scale only)",
           rows=scale_rows, flag="scale"),
     Suite("distributed", "one graph over P = 4 gloo ranks: halo fraction by partitioner; "
