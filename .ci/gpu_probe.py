@@ -7,9 +7,9 @@ Sections, in order of value: ``tests`` (the Triton/CUDA tests), ``softmax``
 plan, against PyG's ``utils.softmax``), ``attention`` (fused attention at
 N = 1M against the bytes it gathers, PyG ``TransformerConv``, SDPA and
 compiled FlexAttention), ``options`` (the fused kernels called with plans:
-forward + backward with value bias and dropout against without, by
+forward + backward with dropout and raw edge features against without, by
 ``triton.testing.do_bench``; that a planned call never synchronises),
-``correctness`` (at scale, against a float64 reference, value bias and
+``correctness`` (at scale, against a float64 reference, score bias and
 dropout included; offsets past 2**31; deterministic backward), ``registers``
 (registers and spills of every kernel compiled in this process, after
 compiling them at the probe's sizes).
@@ -361,8 +361,8 @@ def _index_tensors(graph: Any) -> tuple[Any, Any, tuple[Any, Any, Any]]:
 
 
 def section_options(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, Any]:
-    """The fused kernels with plans: fwd+bwd with value bias / dropout / raw edge features
-    (F = 16) vs without; no sync."""
+    """The fused kernels with plans: fwd+bwd with dropout / raw edge features (F = 16) vs
+    without; no sync."""
     import torch
 
     from gnnattn import AttentionGraph
@@ -376,16 +376,13 @@ def section_options(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, 
     e = col.numel()
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     q, k, v, go = (torch.randn(n, h, c, device=device, dtype=dtype) for _ in range(4))
-    vb = torch.randn(e, h, c, device=device, dtype=dtype)
     drop = Dropout(0.1, (1 << 62) + 0x9E37_79B9, 0)
     ea = torch.randn(e, 16, device=device, dtype=dtype)
     eq, ge = (torch.randn(n, h, 16, device=device, dtype=dtype) for _ in range(2))
     edge = {"edge_attr": ea, "edge_query": eq}
     variants = {
         "plain": {},
-        "value_bias": {"value_bias": vb},
         "dropout": {"dropout": drop},
-        "value_bias+dropout": {"value_bias": vb, "dropout": drop},
         "edge_attr_F16": edge,
     }
     if not dry:  # the dry run's interpreter pays seconds per variant: one edge variant there
@@ -422,7 +419,7 @@ def section_options(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, 
     res["fwdbwd"] = rows
     # Given plans, a call never waits for the device (and a new seed compiles nothing).
     if device == "cuda":
-        opts = {**variants["value_bias+dropout"], **edge}  # the edge path must not sync either
+        opts = {**variants["dropout"], **edge}  # the edge path must not sync either
         step(opts)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
@@ -462,8 +459,8 @@ def section_correctness(dry: bool, device: str, sizes: dict[str, Any]) -> dict[s
     q, k, v = (torch.randn(n, h, c, device=device) for _ in range(3))
     out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.125, **plans)
     go = torch.randn_like(out)
-    dq, dk, dv, dbias, dvb = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.125, **bplans)
-    assert dbias is None and dvb is None
+    dq, dk, dv, dbias = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.125, **bplans)
+    assert dbias is None
     d64 = [t.double() for t in (q, k, v)]
     ro, rl = ref.attention_fwd(*d64, ptr, col, 0.125)
     want = ref.attention_bwd(*d64, ro, rl, go.double(), ptr, col, 0.125)
@@ -481,16 +478,15 @@ def section_correctness(dry: bool, device: str, sizes: dict[str, Any]) -> dict[s
     res["backward_bitwise_identical"] = all(
         torch.equal(a, b) for a, b in zip((dq, dk, dv), again[:3], strict=True)
     )
-    # Score bias, value bias and dropout together, against float64.
+    # Score bias and dropout together, against float64.
     e = col.numel()
-    bias, vb = torch.randn(e, h, device=device), torch.randn(e, h, c, device=device)
-    opts = dict(value_bias=vb, dropout=Dropout(0.2, (1 << 62) + 77, 1_000))
+    bias = torch.randn(e, h, device=device)
+    opts = dict(dropout=Dropout(0.2, (1 << 62) + 77, 1_000))
     out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.125, bias, **opts, **plans)
     grads = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.125, bias, **opts, **bplans)
-    opts64 = dict(opts, value_bias=vb.double())
-    ro, rl = ref.attention_fwd(*d64, ptr, col, 0.125, bias.double(), **opts64)
-    want = ref.attention_bwd(*d64, ro, rl, go.double(), ptr, col, 0.125, bias.double(), **opts64)
-    names = ("dq", "dk", "dv", "dbias", "dvalue_bias")
+    ro, rl = ref.attention_fwd(*d64, ptr, col, 0.125, bias.double(), **opts)
+    want = ref.attention_bwd(*d64, ro, rl, go.double(), ptr, col, 0.125, bias.double(), **opts)
+    names = ("dq", "dk", "dv", "dbias")
     res["max_abs_err_options"] = {
         "out": float((out.double() - ro).abs().max()),
         **{
@@ -532,13 +528,12 @@ def section_registers(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str
     col = torch.randint(0, n, (e,), device=device)
     q, k, v = (torch.randn(n, h, c, device=device, dtype=torch.bfloat16) for _ in range(3))
     bias = torch.randn(e, h, device=device, dtype=torch.bfloat16)
-    vb = torch.randn(e, h, c, device=device, dtype=torch.bfloat16)
-    for opts in ({}, {"value_bias": vb, "dropout": Dropout(0.1, 1, 0)}):
+    for opts in ({}, {"dropout": Dropout(0.1, 1, 0)}):
         out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.125, bias, **opts)
         grads = ta.attention_bwd(
             q, k, v, out, lse, torch.randn_like(out), ptr, col, 0.125, bias, **opts
         )
-        assert len(grads) == 5
+        assert len(grads) == 4
     x = torch.randn(e, h, device=device)
     ts.segment_softmax_bwd(ts.segment_softmax_fwd(x, ptr), x, ptr)
     if dry or device != "cuda":

@@ -46,7 +46,7 @@ def test_gpu_probe_dry_run_writes_every_section(tmp_path):
     assert max(correctness["max_abs_err_options"].values()) < 1e-4
     options = json.loads((tmp_path / "options.json").read_text())
     # The dry run times one edge-feature variant (the device run adds one with dropout).
-    expected = {"plain", "value_bias", "dropout", "value_bias+dropout", "edge_attr_F16"}
+    expected = {"plain", "dropout", "edge_attr_F16"}
     assert set(options["fwdbwd"]) == expected
     assert all("fwdbwd_ms" in row for row in options["fwdbwd"].values()), options
     softmax = json.loads((tmp_path / "softmax.json").read_text())

@@ -156,8 +156,7 @@ def test_half_inputs_come_back_in_their_dtype():
     out_r, _ = ref.attention_fwd(qb.float(), kb.float(), vb.float(), ptr, col, 0.5, bias.float())
     assert_close(out.float(), out_r, 1e-2)  # bfloat16 rounding of the output
     grads = cpu.attention_bwd(qb, kb, vb, out, lse, torch.ones_like(out), ptr, col, 0.5, bias)
-    assert [t.dtype for t in grads[:4]] == [torch.bfloat16] * 3 + [torch.float16]
-    assert grads[4] is None
+    assert [t.dtype for t in grads] == [torch.bfloat16] * 3 + [torch.float16]
     src = torch.randn(col.numel(), 2).half()
     y = cpu.segment_softmax_fwd(src, ptr)
     assert y.dtype == torch.float16
@@ -287,9 +286,9 @@ def test_reference_backward_is_autograd_of_reference_forward():
         q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), go, ptr, col, 0.7,
         (b + mask).detach(),
     )  # fmt: skip
-    for a, m in zip(auto, mine[:4], strict=True):
+    for a, m in zip(auto, mine, strict=True):
         assert torch.allclose(a, m, atol=1e-12)
-    assert (mine[3][5:7, 1] == 0).all() and mine[4] is None
+    assert (mine[3][5:7, 1] == 0).all()
 
 
 def test_reference_softmax_backward_is_autograd_of_its_forward():
@@ -353,32 +352,30 @@ def test_segment_ptr_finds_segments_and_unsorted_indices():
 
 # ------------------------------------------------------------------ options
 #
-# The value bias and the dropout, forward and backward, against the float64
-# reference. float64 only, except the thread-count test: each combination of
-# options is one more compiled specialisation of every kernel (seconds of
-# compile time each on a cold cache), so vb-only and dropout-only run on the
-# cases without hubs and "both" on all of them (the hub kernels included).
+# The dropout, forward and backward, against the float64 reference. float64
+# only, except the thread-count test: each combination of options is one more
+# compiled specialisation of every kernel (seconds of compile time each on a
+# cold cache).
 
 DROP = common.Dropout(0.3, seed=(0xDEAD_BEEF << 30) | 12345, offset=1_000_003)
 
 
-def edge_inputs(case, dtype, with_bias, value_bias, seed=5):
+def edge_inputs(case, dtype, with_bias, seed=5):
     q, k, v, ptr, col = make(case, dtype, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
-    e, h, cv = col.numel(), q.shape[1], v.shape[2]
+    e, h = col.numel(), q.shape[1]
     bias = torch.randn(e, h, generator=g, dtype=dtype) if with_bias else None
     if bias is not None:
         bias[::4, 0] = float("-inf")
         if ptr.numel() > 4:
             bias[ptr[3] : ptr[4], 1] = float("-inf")  # a target whose scores are all -inf
-    vb = torch.randn(e, h, cv, generator=g, dtype=dtype) if value_bias else None
-    return q, k, v, ptr, col, bias, vb
+    return q, k, v, ptr, col, bias
 
 
-def check_options(case, with_bias, value_bias, dropout, logits=1.0, tol=TOL64):
-    q, k, v, ptr, col, bias, vb = edge_inputs(case, F64, with_bias, value_bias)
+def check_options(case, with_bias, dropout, logits=1.0, tol=TOL64):
+    q, k, v, ptr, col, bias = edge_inputs(case, F64, with_bias)
     q = q * logits
-    kw = dict(value_bias=vb, dropout=dropout)
+    kw = dict(dropout=dropout)
     out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw)
     out_r, lse_r = ref.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw)
     assert_close(out, out_r, tol)
@@ -388,7 +385,7 @@ def check_options(case, with_bias, value_bias, dropout, logits=1.0, tol=TOL64):
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=F64)
     got = cpu.attention_bwd(q, k, v, None, lse, g, ptr, col, 0.3, bias, **kw)
     want = ref.attention_bwd(q, k, v, out_r, lse_r, g, ptr, col, 0.3, bias, **kw)
-    assert len(got) == 5
+    assert len(got) == 4
     for a, b in zip(got, want, strict=True):
         assert (a is None) == (b is None)
         if a is not None:
@@ -397,27 +394,12 @@ def check_options(case, with_bias, value_bias, dropout, logits=1.0, tol=TOL64):
     return got
 
 
-SMALL = ["ragged", "one node", "no edges", "empty graph", "duplicates"]
-
-
-@pytest.mark.parametrize("case", SMALL)
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_value_bias_matches_reference(case, with_bias):
-    check_options(case, with_bias, value_bias=True, dropout=None)
-
-
-@pytest.mark.parametrize("case", SMALL)
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_dropout_matches_reference(case, with_bias):
-    check_options(case, with_bias, value_bias=False, dropout=DROP)
-
-
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("logits", [1.0, 1e3])
-def test_value_bias_and_dropout_match_reference(case, with_bias, logits):
+def test_dropout_matches_reference(case, with_bias, logits):
     # "hub" and "source hub" take the hub-piece kernels of both passes.
-    check_options(case, with_bias, value_bias=True, dropout=DROP, logits=logits)
+    check_options(case, with_bias, dropout=DROP, logits=logits)
 
 
 def test_options_on_hub_pieces_of_every_segment(monkeypatch):
@@ -425,25 +407,22 @@ def test_options_on_hub_pieces_of_every_segment(monkeypatch):
     # and merged, in both passes (empty and one-edge pieces at the ends).
     monkeypatch.setattr(plans, "_PIECE_MIN", 3)
     monkeypatch.setattr(plans, "_PIECES", 10**9)
-    check_options("ragged", True, value_bias=True, dropout=DROP)
-    check_options("source hub", False, value_bias=True, dropout=DROP)
+    check_options("ragged", True, dropout=DROP)
+    check_options("source hub", False, dropout=DROP)
 
 
-def test_source_pass_with_value_bias_alone_gathers_its_rows():
-    # attention_bwd hands the source pass dS; called alone with the value bias
-    # it recomputes dS from the bias's rows: the same gradients. (No hub here:
-    # one kernel less to compile for this specialisation.)
-    q, k, v, ptr, col, bias, vb = edge_inputs("ragged", F64, True, True)
-    out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, value_bias=vb, dropout=DROP)
+def test_source_pass_alone_recomputes_the_weights():
+    # With a bias, attention_bwd hands the source pass the stored dS and P;
+    # called alone it recomputes them from the scores, the bias's rows and
+    # the dropout mask: the same gradients. (No hub here: one kernel less to
+    # compile for this specialisation.)
+    q, k, v, ptr, col, bias = edge_inputs("ragged", F64, True)
+    out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, dropout=DROP)
     g = torch.randn_like(out)
-    full = cpu.attention_bwd(
-        q, k, v, None, lse, g, ptr, col, 0.3, bias, value_bias=vb, dropout=DROP
-    )
-    _, ld, _, _ = cpu.attention_bwd_dst(
-        q, k, v, lse, g, ptr, col, 0.3, bias, value_bias=vb, dropout=DROP
-    )
+    full = cpu.attention_bwd(q, k, v, None, lse, g, ptr, col, 0.3, bias, dropout=DROP)
+    _, ld, _ = cpu.attention_bwd_dst(q, k, v, lse, g, ptr, col, 0.3, bias, dropout=DROP)
     csc = transpose_csr(ptr, col, k.shape[0])
-    dk, dv = cpu.attention_bwd_src(q, k, v, ld, g, csc, 0.3, bias, value_bias=vb, dropout=DROP)
+    dk, dv = cpu.attention_bwd_src(q, k, v, ld, g, csc, 0.3, bias, dropout=DROP)
     assert_close(dk, full[1], TOL64)
     assert_close(dv, full[2], TOL64)
 
@@ -452,12 +431,12 @@ def test_source_pass_from_stored_weights_matches_recomputation():
     # attention_bwd has the destination pass store P = alpha * f beside dS ([E, 2H])
     # and the source pass read both; given dS alone it recomputes the weights
     # (and the dropout mask): the same dk, dv, and P is the dropped weight.
-    q, k, v, ptr, col, bias, vb = edge_inputs("ragged", F64, True, True)
-    out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, value_bias=vb, dropout=DROP)
+    q, k, v, ptr, col, bias = edge_inputs("ragged", F64, True)
+    out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, dropout=DROP)
     g = torch.randn_like(out)
-    kw = dict(value_bias=vb, dropout=DROP)
+    kw = dict(dropout=DROP)
     dst = backward._bwd_dst(q, k, v, lse, g, ptr, col, 0.3, bias, **kw, weights=True)
-    ld, ds, dsp = dst[1], dst[2], dst[6]
+    ld, ds, dsp = dst[1], dst[2], dst[5]
     nh = q.shape[1]
     assert dsp is not None and dsp.shape == (col.numel(), 2 * nh)
     assert torch.equal(ds, dsp[:, :nh])
@@ -469,12 +448,12 @@ def test_source_pass_from_stored_weights_matches_recomputation():
     b = cpu.attention_bwd_src(q, k, v, ld, g, csc, 0.3, bias, **kw, ds=dsp)
     assert_close(a[0], b[0], TOL64)
     assert_close(a[1], b[1], TOL64)
-    # Without a stored dS (no bias, value bias or edge features) nothing is kept.
-    assert backward._bwd_dst(q, k, v, lse, g, ptr, col, 0.3, weights=True)[6] is None
+    # Without a stored dS (no bias or edge features) nothing is kept.
+    assert backward._bwd_dst(q, k, v, lse, g, ptr, col, 0.3, weights=True)[5] is None
 
 
 def test_dropout_zero_is_no_dropout():
-    q, k, v, ptr, col, bias, _ = edge_inputs("ragged", F64, True, False)
+    q, k, v, ptr, col, bias = edge_inputs("ragged", F64, True)
     none = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias)
     zero = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, dropout=common.Dropout(0.0, 7, 0))
     assert all(torch.equal(a, b) for a, b in zip(none, zero, strict=True))
@@ -482,8 +461,6 @@ def test_dropout_zero_is_no_dropout():
         cpu.attention_fwd(q, k, v, ptr, col, 0.3, dropout=common.Dropout(1.0, 7, 0))
     with pytest.raises(TypeError, match="'dropout'"):
         cpu.attention_fwd(q, k, v, ptr, col, 0.3, dropout=0.5)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="'value_bias'"):
-        cpu.attention_fwd(q, k, v, ptr, col, 0.3, value_bias=torch.zeros(col.numel(), 3, 1))
 
 
 def test_dropout_stream_is_bitwise_that_of_common():
@@ -537,17 +514,17 @@ def test_kept_fraction_is_binomial(p):
 
 @pytest.mark.parametrize("case", ["hub", "source hub", "ragged"])
 def test_options_do_not_depend_on_the_thread_count(case):
-    # Bias + value bias + dropout, on the hubs of both passes: bitwise the
-    # same on 1 and 2 threads (float64: the specialisation the reference
-    # tests compile already).
-    q, k, v, ptr, col, bias, vb = edge_inputs(case, F64, True, True)
+    # Bias + dropout, on the hubs of both passes: bitwise the same on 1 and
+    # 2 threads (float64: the specialisation the reference tests compile
+    # already).
+    q, k, v, ptr, col, bias = edge_inputs(case, F64, True)
     g = torch.randn(q.shape[0], q.shape[1], v.shape[2], dtype=F64)
     before = torch.get_num_threads()
     results = []
     try:
         for t in (1, 2):
             torch.set_num_threads(t)
-            kw = dict(value_bias=vb, dropout=DROP)
+            kw = dict(dropout=DROP)
             out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw)
             grads = cpu.attention_bwd(q, k, v, None, lse, g, ptr, col, 0.3, bias, **kw)
             results.append((out, lse, *grads))
@@ -560,19 +537,18 @@ def test_options_do_not_depend_on_the_thread_count(case):
 def test_options_in_float32_with_int32_ids():
     # The other dtype and index width, on one case (each is one more
     # specialisation to compile): against the float64 reference.
-    q, k, v, ptr, col, bias, vb = edge_inputs("ragged", F32, True, True)
-    kw = dict(value_bias=vb, dropout=DROP)
+    q, k, v, ptr, col, bias = edge_inputs("ragged", F32, True)
+    kw = dict(dropout=DROP)
     out, lse = cpu.attention_fwd(q, k, v, ptr, col.int(), 0.3, bias, **kw)
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
     grads = cpu.attention_bwd(q, k, v, None, lse, g, ptr, col.int(), 0.3, bias, **kw)
-    q64, k64, v64, b64, vb64 = f64(q, k, v, bias, vb)
-    kw64 = dict(value_bias=vb64, dropout=DROP)
+    q64, k64, v64, b64 = f64(q, k, v, bias)
     s = ref.attention_scores(q64, k64, ptr, col, 0.3)
     tol = TOL32 * (1.0 + float(s.abs().max()))
-    out_r, lse_r = ref.attention_fwd(q64, k64, v64, ptr, col, 0.3, b64, **kw64)
+    out_r, lse_r = ref.attention_fwd(q64, k64, v64, ptr, col, 0.3, b64, **kw)
     assert out.dtype == F32 and lse.dtype == F32
     assert_close(out, out_r, tol)
-    want = ref.attention_bwd(q64, k64, v64, out_r, lse_r, g.double(), ptr, col, 0.3, b64, **kw64)
+    want = ref.attention_bwd(q64, k64, v64, out_r, lse_r, g.double(), ptr, col, 0.3, b64, **kw)
     for a, b in zip(grads, want, strict=True):
         assert a.dtype == F32
         assert_close(a, b, tol)
@@ -601,6 +577,8 @@ def test_cpu_has_the_reference_api():
             "dropout",
             "dropout_bits",
             "exp32",
+            "plan_from_tensors",
+            "plan_tensors",
             "relu_dropout",
             "relu_dropout_bwd",
         ]
@@ -608,14 +586,14 @@ def test_cpu_has_the_reference_api():
 
 
 def test_plans_give_the_same_results():
-    q, k, v, ptr, col, bias, vb = edge_inputs("source hub", F64, True, True)
+    q, k, v, ptr, col, bias = edge_inputs("source hub", F64, True)
     m, n = k.shape[0], q.shape[0]
     csc = transpose_csr(ptr, col, m)
     pl = cpu.plan(ptr, col, m)
     cpl = cpu.plan(csc.ptr, csc.row, n, perm=csc.perm)
     assert isinstance(pl, cpu.CPUPlan) and pl.threads >= 1 and pl.perm is None
     assert (pl.num_rows, pl.num_edges, pl.num_cols) == (n, col.numel(), m)
-    for kw in ({}, dict(value_bias=vb, dropout=DROP)):
+    for kw in ({}, dict(dropout=DROP)):
         a = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw)
         b = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw, plan=pl)
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
@@ -629,7 +607,7 @@ def test_plans_give_the_same_results():
 
 
 def test_calls_with_plans_neither_check_nor_split(monkeypatch):
-    q, k, v, ptr, col, bias, vb = edge_inputs("hub", F64, True, True)
+    q, k, v, ptr, col, bias = edge_inputs("hub", F64, True)
     m, n = k.shape[0], q.shape[0]
     csc = transpose_csr(ptr, col, m)
     pl = cpu.plan(ptr, col, m)
@@ -641,7 +619,7 @@ def test_calls_with_plans_neither_check_nor_split(monkeypatch):
     for name in ("check_ptr", "check_index", "_Plan"):
         monkeypatch.setattr(plans, name, boom)
     monkeypatch.setattr(backward, "transpose_csr", boom)
-    kw = dict(value_bias=vb, dropout=DROP)
+    kw = dict(dropout=DROP)
     out, lse = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw, plan=pl)
     g = torch.ones_like(out)
     cpu.attention_bwd(q, k, v, None, lse, g, ptr, col, 0.3, bias, **kw, plan=pl, csc_plan=cpl)
@@ -650,7 +628,7 @@ def test_calls_with_plans_neither_check_nor_split(monkeypatch):
 
 
 def test_plans_are_checked():
-    q, k, v, ptr, col, bias, _ = edge_inputs("ragged", F64, True, False)
+    q, k, v, ptr, col, bias = edge_inputs("ragged", F64, True)
     m, n = k.shape[0], q.shape[0]
     with pytest.raises(ValueError, match="'col'"):
         cpu.plan(ptr, col, m - 1)
@@ -675,7 +653,7 @@ def test_plans_are_checked():
         cpu.attention_bwd(q, k, v, None, lse, g, ptr, col, 0.3, bias, csc_plan=no_perm)
     a = cpu.attention_bwd(q, k, v, None, lse, g, ptr, col, 0.3, bias, csc=csc, csc_plan=no_perm)
     b = cpu.attention_bwd(q, k, v, None, lse, g, ptr, col, 0.3, bias)
-    assert all(torch.equal(x, y) for x, y in zip(a[:4], b[:4], strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 # ------------------------------------------------------------------ NaN

@@ -53,7 +53,7 @@ SPECIAL = [math.nan, math.inf, -math.inf, 1e30, -1e30]
 H, C = 2, 3
 
 
-def reference(q, k, v, src, dst, n_dst, scale, bias=None, vbias=None):
+def reference(q, k, v, src, dst, n_dst, scale, bias=None):
     """The contract, target by target: ``torch.softmax`` of the scores (``0`` for
     all ``-inf`` or empty), then the sum of weights times values."""
     acc = acc_dtype(q.dtype)
@@ -61,7 +61,7 @@ def reference(q, k, v, src, dst, n_dst, scale, bias=None, vbias=None):
     s = scale * (q[dst] * k[src]).sum(-1)  # (E, H)
     if bias is not None:
         s = s + bias.to(acc)
-    vals = v[src] if vbias is None else v[src] + vbias.to(acc)  # (E, H, C)
+    vals = v[src]  # (E, H, C)
     out = []
     for i in range(n_dst):
         sel = (dst == i).nonzero().view(-1)
@@ -90,7 +90,7 @@ def cases(draw):
     spots = draw(
         st.lists(
             st.tuples(
-                st.sampled_from(["q", "k", "v", "bias", "vbias"]),
+                st.sampled_from(["q", "k", "v", "bias"]),
                 st.integers(0, 10_000),
                 st.sampled_from(SPECIAL),
             ),
@@ -107,7 +107,6 @@ def _inputs(n, e, spots, seed, dtype, options):
         "k": torch.randn(n, H, C, generator=gen),
         "v": torch.randn(n, H, C, generator=gen),
         "bias": torch.randn(e, H, generator=gen) if "bias" in options else None,
-        "vbias": torch.randn(e, H, C, generator=gen) if "vbias" in options else None,
     }
     for name, pos, value in spots:
         if t[name] is not None and t[name].numel():
@@ -149,17 +148,14 @@ def _same_grad(got, want, dtype, what, *, exact, values):
 
 
 @SETTINGS
-@given(cases(), st.sampled_from(DTYPES), st.sampled_from([(), ("bias",), ("bias", "vbias")]))
+@given(cases(), st.sampled_from(DTYPES), st.sampled_from([(), ("bias",)]))
 @pytest.mark.parametrize("backend", ["mp", "fused"])
 def test_attention_meets_the_contract(backend, case, dtype, options):
     n, ei, spots, seed = case
     x = _inputs(n, ei.shape[1], spots, seed, dtype, options)
     graph = AttentionGraph(ei, n)
-    want = reference(x["q"], x["k"], x["v"], ei[0], ei[1], n, 0.5, x["bias"], x["vbias"])
-    got = attention(
-        x["q"], x["k"], x["v"], graph, scale=0.5, score_bias=x["bias"], value_bias=x["vbias"],
-        backend=backend,
-    )  # fmt: skip
+    want = reference(x["q"], x["k"], x["v"], ei[0], ei[1], n, 0.5, x["bias"])
+    got = attention(x["q"], x["k"], x["v"], graph, scale=0.5, score_bias=x["bias"], backend=backend)
     _same(got, want, dtype, f"{backend} {dtype} out")
 
 
@@ -168,17 +164,14 @@ def test_attention_meets_the_contract(backend, case, dtype, options):
 @pytest.mark.parametrize("backend", ["mp", "fused"])
 def test_gradients_meet_the_contract(backend, case, dtype):
     n, ei, spots, seed = case
-    x = _inputs(n, ei.shape[1], spots, seed, dtype, ("bias", "vbias"))
+    x = _inputs(n, ei.shape[1], spots, seed, dtype, ("bias",))
     leaves = {name: t.clone().requires_grad_() for name, t in x.items()}
     g = torch.randn(n, H, C, generator=torch.Generator().manual_seed(seed + 1), dtype=dtype)
-    q, k, v, bias, vbias = leaves.values()
-    want = reference(q, k, v, ei[0], ei[1], n, 0.5, bias, vbias)
-    want_grads = torch.autograd.grad(want, [q, k, v, bias, vbias], g.to(want.dtype))
-    got = attention(
-        q, k, v, AttentionGraph(ei, n), scale=0.5, score_bias=bias, value_bias=vbias,
-        backend=backend,
-    )  # fmt: skip
-    got_grads = torch.autograd.grad(got, [q, k, v, bias, vbias], g, allow_unused=True)
+    q, k, v, bias = leaves.values()
+    want = reference(q, k, v, ei[0], ei[1], n, 0.5, bias)
+    want_grads = torch.autograd.grad(want, [q, k, v, bias], g.to(want.dtype))
+    got = attention(q, k, v, AttentionGraph(ei, n), scale=0.5, score_bias=bias, backend=backend)
+    got_grads = torch.autograd.grad(got, [q, k, v, bias], g, allow_unused=True)
     for name, a, b in zip(leaves, got_grads, want_grads, strict=True):
         a = torch.zeros_like(leaves[name]) if a is None else a
         b = torch.zeros_like(leaves[name], dtype=want.dtype) if b is None else b
@@ -281,25 +274,21 @@ def test_triton_kernels_meet_the_contract(case, dtype):
     from gnnattn.kernels import triton_ops
 
     n, ei, spots, seed = case
-    x = _inputs(n, ei.shape[1], spots, seed, dtype, ("bias", "vbias"))
-    want = reference(x["q"], x["k"], x["v"], ei[0], ei[1], n, 0.5, x["bias"], x["vbias"])
-    ptr, col, (bias, vbias) = _csr(ei, n, x["bias"], x["vbias"])
-    out, lse = triton_ops.attention_fwd(
-        x["q"], x["k"], x["v"], ptr, col, 0.5, bias, value_bias=vbias
-    )
+    x = _inputs(n, ei.shape[1], spots, seed, dtype, ("bias",))
+    want = reference(x["q"], x["k"], x["v"], ei[0], ei[1], n, 0.5, x["bias"])
+    ptr, col, (bias,) = _csr(ei, n, x["bias"])
+    out, lse = triton_ops.attention_fwd(x["q"], x["k"], x["v"], ptr, col, 0.5, bias)
     _same(out, want, dtype, f"triton {dtype} out")
     # Backward, against the reference kernel run in float32 (the Triton
     # kernels' accumulation dtype), so that both overflow alike.
     g = torch.randn(n, H, C, generator=torch.Generator().manual_seed(seed)).to(dtype)
-    got = triton_ops.attention_bwd(
-        x["q"], x["k"], x["v"], out, lse, g, ptr, col, 0.5, bias, value_bias=vbias
-    )
-    wide = [t.float() if t is not None else None for t in (x["q"], x["k"], x["v"], bias, vbias)]
+    got = triton_ops.attention_bwd(x["q"], x["k"], x["v"], out, lse, g, ptr, col, 0.5, bias)
+    wide = [t.float() if t is not None else None for t in (x["q"], x["k"], x["v"], bias)]
     expect = ref.attention_bwd(
-        *wide[:3], out.float(), lse.float(), g.float(), ptr, col, 0.5, wide[3], value_bias=wide[4]
+        *wide[:3], out.float(), lse.float(), g.float(), ptr, col, 0.5, wide[3]
     )
     huge = any(abs(value) == 1e30 for _, _, value in spots)
     inf = any(math.isinf(value) for _, _, value in spots)
-    for name, a, b in zip(("dq", "dk", "dv", "dbias", "dvalue_bias"), got, expect, strict=True):
+    for name, a, b in zip(("dq", "dk", "dv", "dbias"), got, expect, strict=True):
         what = f"triton {dtype} {name}"
         _same_grad(a.float(), b, dtype, what, exact=not inf, values=not huge)

@@ -47,11 +47,11 @@ F32, F64 = torch.float32, torch.float64
 LENS = [0, 1, 40, 3, 0, 9, 2]
 BLOCKS = dict(block_e=8, split_blocks=2)
 DROP = Dropout(0.4, seed=(1 << 62) + 0x9E37_79B9, offset=12_345)
-NAMES = ("dq", "dk", "dv", "dbias", "dvalue_bias", "dedge_attr", "dedge_query")
+NAMES = ("dq", "dk", "dv", "dbias", "dedge_attr", "dedge_query")
 
 
 def _inputs(lens, h, nf, *, m=7, c=12, cv=5, dtype=F32, seed=0):
-    """q, k, v, ptr, col, bias, value bias, edge_attr, edge_query, grad_edge_out."""
+    """q, k, v, ptr, col, bias, edge_attr, edge_query, grad_edge_out."""
     gen = torch.Generator().manual_seed(seed)
     ptr = torch.tensor([0, *lens]).cumsum(0)
     e, n = int(ptr[-1]), len(lens)
@@ -61,11 +61,10 @@ def _inputs(lens, h, nf, *, m=7, c=12, cv=5, dtype=F32, seed=0):
     b = torch.randn(e, h, generator=gen)
     if n > 5:
         b[ptr[5] : ptr[6], 0] = float("-inf")
-    vb = torch.randn(e, h, cv, generator=gen)
     ea = torch.randn(e, nf, generator=gen)
     eq = torch.randn(n, h, nf, generator=gen)
     ge = torch.randn(n, h, nf, generator=gen)
-    out = (q, k, v, ptr, col, b, vb, ea, eq, ge)
+    out = (q, k, v, ptr, col, b, ea, eq, ge)
     return [t.to(DEV, dtype) if t.is_floating_point() else t.to(DEV) for t in out]
 
 
@@ -80,19 +79,19 @@ def _close(got, want, tol):
     torch.testing.assert_close(got[fin].double(), want[fin], atol=tol * size, rtol=tol)
 
 
-def _check(lens, h, nf, *, bias=False, vbias=False, dropout=None, query=True, grad=True,
-           logits=1.0, dtype=F32, tol=2e-5, blocks=BLOCKS, **shape):  # fmt: skip
-    q, k, v, ptr, col, b, vb, ea, eq, ge = _inputs(lens, h, nf, dtype=dtype, **shape)
+def _check(lens, h, nf, *, bias=False, dropout=None, query=True, grad=True, logits=1.0,
+           dtype=F32, tol=2e-5, blocks=BLOCKS, **shape):  # fmt: skip
+    q, k, v, ptr, col, b, ea, eq, ge = _inputs(lens, h, nf, dtype=dtype, **shape)
     q = q * logits
     eq = eq * logits if query else None
     ge = ge if grad else None
-    b, vb = (b if bias else None), (vb if vbias else None)
-    kw = dict(value_bias=vb, dropout=dropout, edge_attr=ea, edge_query=eq)
+    b = b if bias else None
+    kw = dict(dropout=dropout, edge_attr=ea, edge_query=eq)
     scale = q.shape[2] ** -0.5
     got = ta.attention_fwd(q, k, v, ptr, col, scale, b, **kw, **blocks)
-    d64 = [None if t is None else t.double() for t in (q, k, v, b, vb, ea, eq, ge)]
-    q6, k6, v6, b6, vb6, ea6, eq6, ge6 = d64
-    kw6 = dict(value_bias=vb6, dropout=dropout, edge_attr=ea6, edge_query=eq6)
+    d64 = [None if t is None else t.double() for t in (q, k, v, b, ea, eq, ge)]
+    q6, k6, v6, b6, ea6, eq6, ge6 = d64
+    kw6 = dict(dropout=dropout, edge_attr=ea6, edge_query=eq6)
     want = ref.attention_fwd(q6, k6, v6, ptr, col, scale, b6, **kw6)
     assert len(got) == 3 and got[2].dtype == dtype and got[2].shape == (len(lens), h, nf)
     for x, y in zip(got, want, strict=True):
@@ -104,7 +103,7 @@ def _check(lens, h, nf, *, bias=False, vbias=False, dropout=None, query=True, gr
     wants = ref.attention_bwd(
         q6, k6, v6, want[0], want[1], go.double(), ptr, col, scale, b6, **kw6, grad_edge_out=ge6
     )
-    assert len(grads) == len(wants) == 7
+    assert len(grads) == len(wants) == 6
     for name, x, y in zip(NAMES, grads, wants, strict=True):
         assert (x is None) == (y is None), name
         if x is not None:
@@ -117,30 +116,30 @@ def _check(lens, h, nf, *, bias=False, vbias=False, dropout=None, query=True, gr
     "nf, h, opts",
     [
         (1, 1, dict()),
-        (3, 3, dict(bias=True, vbias=True, dropout=DROP)),
-        (16, 3, dict(bias=True, vbias=True, grad=False)),
+        (3, 3, dict(bias=True, dropout=DROP)),
+        (16, 3, dict(bias=True, grad=False)),
         (3, 1, dict(dropout=DROP, query=False)),
     ],
-    ids=["F1-H1", "F3-H3-all", "F16-H3-biases-no-grad", "F3-H1-dropout-no-query"],
+    ids=["F1-H1", "F3-H3-all", "F16-H3-bias-no-grad", "F3-H1-dropout-no-query"],
 )
 def test_triton_edge_features_float32_match_float64_reference(nf, h, opts) -> None:
     _check(LENS, h, nf, **opts)
 
 
 def test_triton_edge_features_logits_x1e3() -> None:
-    _check(LENS, 3, 3, bias=True, vbias=True, dropout=DROP, logits=1e3, tol=2e-3)
+    _check(LENS, 3, 3, bias=True, dropout=DROP, logits=1e3, tol=2e-3)
 
 
 def test_triton_edge_features_float64_equal_reference() -> None:
     """The algebra exactly: every option at once, scores scaled by 1e3, split chunks."""
-    _check(LENS, 3, 3, bias=True, vbias=True, dropout=DROP, logits=1e3, dtype=F64, tol=1e-10)
+    _check(LENS, 3, 3, bias=True, dropout=DROP, logits=1e3, dtype=F64, tol=1e-10)
 
 
 def test_triton_edge_features_on_tiny_and_empty_graphs() -> None:
     # One node attending to itself, with every option.
-    q, k, v, ptr, col, b, vb, ea, eq, ge = _inputs([1], 1, 3, m=1, c=3, cv=2, dtype=F64)
+    q, k, v, ptr, col, b, ea, eq, ge = _inputs([1], 1, 3, m=1, c=3, cv=2, dtype=F64)
     col = torch.zeros(1, dtype=torch.long, device=DEV)
-    kw = dict(value_bias=vb, dropout=Dropout(0.5, 3, 0), edge_attr=ea, edge_query=eq)
+    kw = dict(dropout=Dropout(0.5, 3, 0), edge_attr=ea, edge_query=eq)
     got = ta.attention_fwd(q, k, v, ptr, col, 0.5, b, **kw)
     want = ref.attention_fwd(q, k, v, ptr, col, 0.5, b, **kw)
     for x, y in zip(got, want, strict=True):
@@ -152,13 +151,13 @@ def test_triton_edge_features_on_tiny_and_empty_graphs() -> None:
     for x, y in zip(grads, wants, strict=True):
         _close(x, y, 1e-10)
     # No edges: zero outputs and gradients of the right shapes, lse = -inf.
-    q, k, v, ptr, col, b, vb, ea, eq, ge = _inputs([0, 0, 0], 2, 3, m=2, c=4, cv=3, dtype=F64)
-    kw = dict(value_bias=vb, dropout=DROP, edge_attr=ea, edge_query=eq)
+    q, k, v, ptr, col, b, ea, eq, ge = _inputs([0, 0, 0], 2, 3, m=2, c=4, cv=3, dtype=F64)
+    kw = dict(dropout=DROP, edge_attr=ea, edge_query=eq)
     out, lse, eo = ta.attention_fwd(q, k, v, ptr, col, 0.5, b, **kw)
     assert (out == 0).all() and (lse == float("-inf")).all() and eo.shape == (3, 2, 3)
     assert (eo == 0).all()
     grads = ta.attention_bwd(q, k, v, out, lse, out + 1, ptr, col, 0.5, b, **kw, grad_edge_out=ge)
-    shapes = [(3, 2, 4), (2, 2, 4), (2, 2, 3), (0, 2), (0, 2, 3), (0, 3), (3, 2, 3)]
+    shapes = [(3, 2, 4), (2, 2, 4), (2, 2, 3), (0, 2), (0, 3), (3, 2, 3)]
     assert [tuple(g.shape) for g in grads] == shapes
     assert all((g == 0).all() for g in grads)
     # No targets at all.
@@ -168,8 +167,8 @@ def test_triton_edge_features_on_tiny_and_empty_graphs() -> None:
 
 def test_triton_edge_backward_recomputes_what_it_is_not_given() -> None:
     """Without ``out`` or ``edge_out`` the backward runs one more forward: same numbers."""
-    q, k, v, ptr, col, b, vb, ea, eq, ge = _inputs([2, 0, 9, 5], 2, 3, dtype=F64)
-    kw = dict(value_bias=vb, dropout=DROP, edge_attr=ea, edge_query=eq, **BLOCKS)
+    q, k, v, ptr, col, b, ea, eq, ge = _inputs([2, 0, 9, 5], 2, 3, dtype=F64)
+    kw = dict(dropout=DROP, edge_attr=ea, edge_query=eq, **BLOCKS)
     out, lse, eo = ta.attention_fwd(q, k, v, ptr, col, 0.3, b, **kw)
     go = torch.randn_like(out)
     given = ta.attention_bwd(
@@ -182,7 +181,7 @@ def test_triton_edge_backward_recomputes_what_it_is_not_given() -> None:
 
 
 def test_triton_edge_options_are_checked() -> None:
-    q, k, v, ptr, col, b, vb, ea, eq, ge = _inputs([2, 1], 2, 3, dtype=F64)
+    q, k, v, ptr, col, b, ea, eq, ge = _inputs([2, 1], 2, 3, dtype=F64)
     with pytest.raises(ValueError, match="'edge_attr' with 'edge_query'"):
         ta.attention_fwd(q, k, v, ptr, col, 0.3, edge_query=eq)
     with pytest.raises(ValueError, match=r"'edge_attr' of shape \[3, F\]"):
@@ -257,29 +256,28 @@ def test_triton_cuda_edge_features_large() -> None:
     relative to the largest entry."""
     torch.manual_seed(4)
     lens = [0, 1, 17, 3000, *torch.randint(0, 48, (4000,)).tolist()]
-    _check(lens, 4, 16, bias=True, vbias=True, dropout=DROP, tol=1e-4, blocks={}, m=3000,
-           c=64, cv=64)  # fmt: skip
+    _check(lens, 4, 16, bias=True, dropout=DROP, tol=1e-4, blocks={}, m=3000, c=64, cv=64)
 
 
 @pytest.mark.parametrize("query", [False, True])
 def test_triton_without_dedge_attr_the_other_gradients_are_the_same(query: bool) -> None:
     # need_dedge_attr=False compiles the dq pass without d edge_attr's sum and
     # store (HAS_DEA): every other gradient must be the same, bit for bit.
-    q, k, v, ptr, col, b, vb, ea, eq, ge = _inputs(LENS, 3, 3, dtype=F64)
+    q, k, v, ptr, col, b, ea, eq, ge = _inputs(LENS, 3, 3, dtype=F64)
     kw = dict(dropout=DROP, edge_attr=ea, edge_query=eq if query else None, **BLOCKS)
     out, lse, eo = ta.attention_fwd(q, k, v, ptr, col, 0.3, b, **kw)
     go = torch.randn_like(out)
     args = (q, k, v, out, lse, go, ptr, col, 0.3, b)
     full = ta.attention_bwd(*args, **kw, grad_edge_out=ge, edge_out=eo)
     lean = ta.attention_bwd(*args, **kw, grad_edge_out=ge, edge_out=eo, need_dedge_attr=False)
-    assert full[5] is not None and lean[5] is None
+    assert full[4] is not None and lean[4] is None
     for name, x, y in zip(NAMES, full, lean, strict=True):
         if name != "dedge_attr":
             assert (x is None) == (y is None), name
             assert x is None or torch.equal(x, y), name
     # No edges: still no dedge_attr.
-    q, k, v, ptr, col, b, vb, ea, eq, ge = _inputs([0, 0], 2, 3, m=2, c=4, cv=3, dtype=F64)
+    q, k, v, ptr, col, b, ea, eq, ge = _inputs([0, 0], 2, 3, m=2, c=4, cv=3, dtype=F64)
     out, lse, _ = ta.attention_fwd(q, k, v, ptr, col, 0.5, b, edge_attr=ea)
     grads = ta.attention_bwd(q, k, v, out, lse, out + 1, ptr, col, 0.5, b, edge_attr=ea,
                              need_dedge_attr=False)  # fmt: skip
-    assert grads[5] is None and (grads[0] == 0).all()
+    assert grads[4] is None and (grads[0] == 0).all()

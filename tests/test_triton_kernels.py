@@ -77,7 +77,8 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> 
 
 def test_triton_ops_has_the_reference_api() -> None:
     names = ["segment_softmax_fwd", "segment_softmax_bwd", "attention_fwd", "attention_bwd", "plan"]
-    assert sorted(triton_ops.__all__) == sorted([*names, "TritonPlan"])
+    extras = ["TritonPlan", "plan_from_tensors", "plan_tensors"]
+    assert sorted(triton_ops.__all__) == sorted([*names, *extras])
     for name in names:
         mine = list(inspect.signature(getattr(triton_ops, name)).parameters.values())
         theirs = list(inspect.signature(getattr(ref, name)).parameters.values())
@@ -245,12 +246,12 @@ def _check_attention(lens, num_src, h, c, cv, dtype, bias, block_e=None, split_b
     _close_grads(grads, expected, dtype)
 
 
-GRADS = ("dq", "dk", "dv", "dbias", "dvalue_bias")
+GRADS = ("dq", "dk", "dv", "dbias")
 
 
 def _close_grads(grads, expected, dtype: torch.dtype, **tol_override) -> None:
-    """All five gradients: ``None`` where the reference's are, else close to them."""
-    assert len(grads) == len(expected) == 5
+    """All four gradients: ``None`` where the reference's are, else close to them."""
+    assert len(grads) == len(expected) == 4
     for name, got, want in zip(GRADS, grads, expected, strict=True):
         if want is None:
             assert got is None, name
@@ -306,8 +307,8 @@ def test_triton_attention_grad_equals_autograd_of_reference() -> None:
     (ro * go).sum().backward()
     out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.3, b)
     grads = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.3, b)
-    assert grads[4] is None
-    for got, leaf in zip(grads[:4], leaves, strict=True):
+    assert len(grads) == 4
+    for got, leaf in zip(grads, leaves, strict=True):
         torch.testing.assert_close(got, leaf.grad, **TOL[torch.float64])
 
 
@@ -318,7 +319,7 @@ def test_triton_attention_backward_is_deterministic() -> None:
     first = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.25, b)
     csc = transpose_csr(ptr, col, k.shape[0])
     second = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.25, b, csc=csc)
-    for a, c in zip(first[:4], second[:4], strict=True):
+    for a, c in zip(first, second, strict=True):
         assert torch.equal(a, c)
 
 
@@ -329,8 +330,8 @@ def test_triton_attention_without_edges() -> None:
     col = torch.zeros(0, dtype=torch.long, device=DEV)
     out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.25)
     assert (out == 0).all() and (lse == float("-inf")).all()
-    dq, dk, dv, db, dvb = ta.attention_bwd(q, k, v, out, lse, torch.ones_like(out), ptr, col, 0.25)
-    assert (dq == 0).all() and (dk == 0).all() and (dv == 0).all() and db is None and dvb is None
+    dq, dk, dv, db = ta.attention_bwd(q, k, v, out, lse, torch.ones_like(out), ptr, col, 0.25)
+    assert (dq == 0).all() and (dk == 0).all() and (dv == 0).all() and db is None
 
 
 def test_triton_attention_split_hubs_in_both_passes() -> None:
@@ -456,11 +457,10 @@ def _option_inputs(dtype, lens=OLENS, m=7, h=3, c=12, cv=5, seed=0):
     n = len(lens)
     q, k, v = (torch.randn(s, h, d, generator=gen) for s, d in ((n, c), (m, c), (m, cv)))
     b = torch.randn(e, h, generator=gen)
-    vb = torch.randn(e, h, cv, generator=gen)
     if len(lens) > 5:
         b[ptr[5] : ptr[6], 0] = float("-inf")
-    q, k, v, b, vb = (t.to(DEV, dtype) for t in (q, k, v, b, vb))
-    return q, k, v, ptr, col, b, vb
+    q, k, v, b = (t.to(DEV, dtype) for t in (q, k, v, b))
+    return q, k, v, ptr, col, b
 
 
 def _run_options(q, k, v, ptr, col, scale, kw, blocks, ref_dtype):
@@ -471,35 +471,28 @@ def _run_options(q, k, v, ptr, col, scale, kw, blocks, ref_dtype):
     input dtype, as FlashAttention's is, and that rounding, times the size of
     ``dout``, would otherwise dominate every gradient's error).
     """
-    out, lse = ta.attention_fwd(q, k, v, ptr, col, scale, kw["bias"], **_opts(kw), **blocks)
+    drop = kw["dropout"]
+    out, lse = ta.attention_fwd(q, k, v, ptr, col, scale, kw["bias"], dropout=drop, **blocks)
     go = torch.randn(out.shape, device=DEV).to(q.dtype)
     grads = ta.attention_bwd(
-        q, k, v, out, lse, go, ptr, col, scale, kw["bias"], **_opts(kw), **blocks
+        q, k, v, out, lse, go, ptr, col, scale, kw["bias"], dropout=drop, **blocks
     )
-    up = {key: (t.to(ref_dtype) if isinstance(t, torch.Tensor) else t) for key, t in kw.items()}
+    b2 = kw["bias"].to(ref_dtype) if kw["bias"] is not None else None
     q2, k2, v2, go2 = (t.to(ref_dtype) for t in (q, k, v, go))
-    ro, rl = ref.attention_fwd(q2, k2, v2, ptr, col, scale, up["bias"], **_opts(up))
+    ro, rl = ref.attention_fwd(q2, k2, v2, ptr, col, scale, b2, dropout=drop)
     o2 = out.to(ref_dtype)
-    want = ref.attention_bwd(q2, k2, v2, o2, rl, go2, ptr, col, scale, up["bias"], **_opts(up))
+    want = ref.attention_bwd(q2, k2, v2, o2, rl, go2, ptr, col, scale, b2, dropout=drop)
     return (out, lse, grads), (ro, rl, want)
 
 
-def _opts(kw):
-    return dict(value_bias=kw["value_bias"], dropout=kw["dropout"])
-
-
 @pytest.mark.parametrize(
-    "options, logit",
-    [("value_bias", 1.0), ("dropout", 1.0), ("both", 1.0), ("both", 1e3)],
-    ids=["value_bias", "dropout", "both", "both-logits-x1e3"],
+    "dropout, logit",
+    [(False, 1.0), (True, 1.0), (True, 1e3)],
+    ids=["bias", "dropout", "dropout-logits-x1e3"],
 )
-def test_triton_attention_options_match_reference_float64(options: str, logit: float) -> None:
-    q, k, v, ptr, col, b, vb = _option_inputs(torch.float64)
-    kw = dict(
-        bias=b,
-        value_bias=vb if options in ("value_bias", "both") else None,
-        dropout=DROP if options in ("dropout", "both") else None,
-    )
+def test_triton_attention_options_match_reference_float64(dropout: bool, logit: float) -> None:
+    q, k, v, ptr, col, b = _option_inputs(torch.float64)
+    kw = dict(bias=b, dropout=DROP if dropout else None)
     scale = logit * 12**-0.5
     (out, lse, grads), (ro, rl, want) = _run_options(q, k, v, ptr, col, scale, kw, OBLOCKS, q.dtype)
     torch.testing.assert_close(out, ro, **TOL[torch.float64])
@@ -516,8 +509,8 @@ def test_triton_attention_options_match_reference_float64(options: str, logit: f
 def test_triton_attention_options_half_match_float32_reference(dtype: torch.dtype) -> None:
     """Half inputs against the float32 reference on the same (rounded) inputs: the
     outputs to TOL[dtype] (one rounding), gradients to TOL[dtype] times their size."""
-    q, k, v, ptr, col, b, vb = _option_inputs(dtype)
-    kw = dict(bias=b, value_bias=vb, dropout=DROP)
+    q, k, v, ptr, col, b = _option_inputs(dtype)
+    kw = dict(bias=b, dropout=DROP)
     (out, lse, grads), (ro, rl, want) = _run_options(
         q, k, v, ptr, col, 12**-0.5, kw, OBLOCKS, torch.float32
     )
@@ -531,18 +524,17 @@ def test_triton_attention_options_half_match_float32_reference(dtype: torch.dtyp
 
 def test_triton_attention_options_on_tiny_and_empty_graphs() -> None:
     # One node attending to itself.
-    q, k, v, ptr, col, b, vb = _option_inputs(torch.float64, lens=[1], m=1, h=1, c=3, cv=2)
-    kw = dict(bias=b, value_bias=vb, dropout=Dropout(0.5, 3, 0))
+    q, k, v, ptr, col, b = _option_inputs(torch.float64, lens=[1], m=1, h=1, c=3, cv=2)
+    kw = dict(bias=b, dropout=Dropout(0.5, 3, 0))
     (out, lse, grads), (ro, rl, want) = _run_options(q, k, v, ptr, col, 0.5, kw, {}, q.dtype)
     torch.testing.assert_close(out, ro, **TOL[torch.float64])
     _close_grads(grads, want, torch.float64)
     # No edges: zero outputs and gradients of the right shapes, lse = -inf.
-    q, k, v, ptr, col, b, vb = _option_inputs(torch.float64, lens=[0, 0, 0], m=2, h=2, c=4, cv=3)
-    kw = dict(bias=b, value_bias=vb, dropout=DROP)
-    out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.5, b, value_bias=vb, dropout=DROP)
+    q, k, v, ptr, col, b = _option_inputs(torch.float64, lens=[0, 0, 0], m=2, h=2, c=4, cv=3)
+    out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.5, b, dropout=DROP)
     assert (out == 0).all() and (lse == float("-inf")).all()
-    grads = ta.attention_bwd(q, k, v, out, lse, out + 1, ptr, col, 0.5, b, value_bias=vb)
-    assert [tuple(g.shape) for g in grads] == [(3, 2, 4), (2, 2, 4), (2, 2, 3), (0, 2), (0, 2, 3)]
+    grads = ta.attention_bwd(q, k, v, out, lse, out + 1, ptr, col, 0.5, b, dropout=DROP)
+    assert [tuple(g.shape) for g in grads] == [(3, 2, 4), (2, 2, 4), (2, 2, 3), (0, 2)]
     assert all((g == 0).all() for g in grads)
     # No targets at all.
     q0 = q[:0]
@@ -552,21 +544,21 @@ def test_triton_attention_options_on_tiny_and_empty_graphs() -> None:
 
 def test_triton_attention_zero_head_dims() -> None:
     """C = 0 (every score 0 plus the bias) and Cv = 0 (an empty output) run the kernels."""
-    q, k, v, ptr, col, b, vb = _option_inputs(torch.float64, lens=[0, 3, 5], m=4, h=2, c=0, cv=3)
-    kw = dict(bias=b, value_bias=vb, dropout=None)
+    q, k, v, ptr, col, b = _option_inputs(torch.float64, lens=[0, 3, 5], m=4, h=2, c=0, cv=3)
+    kw = dict(bias=b, dropout=None)
     (out, lse, grads), (ro, rl, want) = _run_options(q, k, v, ptr, col, 1.0, kw, {}, q.dtype)
     torch.testing.assert_close(out, ro, **TOL[torch.float64])
     _close_grads(grads, want, torch.float64)
-    q, k, v, ptr, col, b, vb = _option_inputs(torch.float64, lens=[0, 3, 5], m=4, h=2, c=4, cv=0)
-    kw = dict(bias=b, value_bias=vb, dropout=DROP)
+    q, k, v, ptr, col, b = _option_inputs(torch.float64, lens=[0, 3, 5], m=4, h=2, c=4, cv=0)
+    kw = dict(bias=b, dropout=DROP)
     (out, lse, grads), (ro, rl, want) = _run_options(q, k, v, ptr, col, 1.0, kw, {}, q.dtype)
     torch.testing.assert_close(lse, rl, **TOL[torch.float64])
     _close_grads(grads, want, torch.float64)
 
 
 def test_triton_attention_backward_without_out_recomputes_it() -> None:
-    q, k, v, ptr, col, b, vb = _option_inputs(torch.float64, lens=[2, 0, 20, 5])
-    opts = dict(value_bias=vb, dropout=DROP, **OBLOCKS)
+    q, k, v, ptr, col, b = _option_inputs(torch.float64, lens=[2, 0, 20, 5])
+    opts = dict(dropout=DROP, **OBLOCKS)
     out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.3, b, **opts)
     go = torch.randn_like(out)
     with_out = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.3, b, **opts)
@@ -580,9 +572,9 @@ def test_triton_attention_backward_without_out_recomputes_it() -> None:
 
 def test_triton_plans_give_the_results_of_unplanned_calls() -> None:
     """A plan of the same chunk gives the same numbers, bit for bit; int32 ids too."""
-    q, k, v, ptr, col, b, vb = _option_inputs(torch.float32)
+    q, k, v, ptr, col, b = _option_inputs(torch.float32)
     n, m = q.shape[0], k.shape[0]
-    opts = dict(value_bias=vb, dropout=DROP)
+    opts = dict(dropout=DROP)
     plan = ta.plan(ptr, col, m, chunk=16)
     assert isinstance(plan, triton_ops.TritonPlan) and plan.chunk == 16
     assert plan.chunks.chunk_ptr.diff().max() == 5  # the hub target is split
@@ -614,7 +606,7 @@ def test_triton_plans_give_the_results_of_unplanned_calls() -> None:
 
 
 def test_triton_plans_are_checked_once_and_must_fit() -> None:
-    q, k, v, ptr, col, b, _ = _option_inputs(torch.float32, lens=[2, 3])
+    q, k, v, ptr, col, b = _option_inputs(torch.float32, lens=[2, 3])
     m = k.shape[0]
     with pytest.raises(ValueError, match=r"'col' ids in \[0, 7\)"):
         ta.plan(ptr, col + 7, m)
@@ -636,8 +628,8 @@ def test_triton_plans_are_checked_once_and_must_fit() -> None:
         ta.attention_bwd(q, k, v, out, lse, out, ptr, col, 0.5, plan=plan, csc_plan=csc_plan)
     with pytest.raises(ValueError, match="'csc_plan' of a CSR with 7 rows"):
         ta.attention_bwd(q, k, v, out, lse, out, ptr, col, 0.5, csc=tuple(csc), csc_plan=plan)
-    with pytest.raises(ValueError, match="'value_bias' of shape"):
-        ta.attention_fwd(q, k, v, ptr, col, 0.5, value_bias=b, plan=plan)
+    with pytest.raises(ValueError, match="'bias' of shape"):
+        ta.attention_fwd(q, k, v, ptr, col, 0.5, b[:, :1], plan=plan)
     with pytest.raises(ValueError, match="'dropout'"):
         ta.attention_fwd(q, k, v, ptr, col, 0.5, dropout=Dropout(1.0, 0, 0), plan=plan)
     with pytest.raises(ValueError, match="'plan' of a CSR with 1 segments"):
@@ -703,11 +695,11 @@ def test_triton_segment_softmax_nan_propagates_like_the_reference() -> None:
 
 def test_triton_attention_nan_propagates_like_the_reference() -> None:
     """A NaN score (in a split hub too) or value makes the target's output NaN, never finite."""
-    q, k, v, ptr, col, b, vb = _option_inputs(torch.float64)
+    q, k, v, ptr, col, b = _option_inputs(torch.float64)
     b[ptr[2] + 40, 1] = float("nan")  # the hub target, head 1, in its third chunk
     b[ptr[3], 2] = float("nan")  # target 3, head 2
     v[6, 0, 1] = float("nan")  # a value, head 0
-    kw = dict(bias=b, value_bias=vb, dropout=DROP)
+    kw = dict(bias=b, dropout=DROP)
     (out, lse, grads), (ro, rl, want) = _run_options(q, k, v, ptr, col, 0.4, kw, OBLOCKS, q.dtype)
     assert torch.isnan(out[2, 1]).all() and torch.isnan(lse[2, 1]) and torch.isnan(out[3, 2]).all()
     torch.testing.assert_close(out, ro, **TOL[torch.float64], equal_nan=True)
@@ -760,9 +752,9 @@ _COMPILE = textwrap.dedent(
                    H=8, C=24, CV=64)
         # "every" with the edge features too (F = 5 in an 8-wide tile).
         edge = dict(F=5, BLOCK_F=8, HAS_EA=True, HAS_EQ=True)
-        every = dict(att, HAS_BIAS=True, HAS_VB=True, HAS_DROPOUT=True, **edge)
-        none = dict(att, HAS_BIAS=False, HAS_VB=False, HAS_DROPOUT=False, F=0, BLOCK_F=1,
-                    HAS_EA=False, HAS_EQ=False)
+        every = dict(att, HAS_BIAS=True, HAS_DROPOUT=True, **edge)
+        none = dict(att, HAS_BIAS=False, HAS_DROPOUT=False, F=0, BLOCK_F=1, HAS_EA=False,
+                    HAS_EQ=False)
         bwd_every, bwd_none = dict(every, HAS_GE=True), dict(none, HAS_GE=False)
         jobs = [
             (ts._softmax_fwd_chunk, dict(soft, SLOTS=2)), (ts._softmax_fwd_split, soft),
@@ -861,7 +853,7 @@ def test_triton_cuda_planned_calls_never_sync() -> None:
     a new dropout seed compiles nothing."""
     torch.manual_seed(3)
     lens = [0, 1, 700, *torch.randint(0, 40, (3000,)).tolist()]
-    q, k, v, ptr, col, b, vb = _option_inputs(torch.bfloat16, lens=lens, m=2000, h=4, c=64, cv=64)
+    q, k, v, ptr, col, b = _option_inputs(torch.bfloat16, lens=lens, m=2000, h=4, c=64, cv=64)
     n, m = q.shape[0], k.shape[0]
     csc = transpose_csr(ptr, col, m)
     plan, csc_plan = ta.plan(ptr, col, m), ta.plan(csc.ptr, csc.row, n)
@@ -869,7 +861,7 @@ def test_triton_cuda_planned_calls_never_sync() -> None:
 
     def step(seed: int) -> None:
         drop = Dropout(0.1, seed, 0)
-        opts = dict(value_bias=vb, dropout=drop, plan=plan)
+        opts = dict(dropout=drop, plan=plan)
         out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.125, b, **opts)
         ta.attention_bwd(
             q, k, v, out, lse, torch.ones_like(out), ptr, col, 0.125, b, **opts,
@@ -897,8 +889,8 @@ def test_triton_cuda_planned_calls_never_sync() -> None:
 def test_triton_cuda_attention_options_large(dtype: torch.dtype) -> None:
     torch.manual_seed(4)
     lens = [0, 1, 17, 3000, *torch.randint(0, 48, (4000,)).tolist()]
-    q, k, v, ptr, col, b, vb = _option_inputs(dtype, lens=lens, m=3000, h=4, c=64, cv=64)
-    kw = dict(bias=b, value_bias=vb, dropout=DROP)
+    q, k, v, ptr, col, b = _option_inputs(dtype, lens=lens, m=3000, h=4, c=64, cv=64)
+    kw = dict(bias=b, dropout=DROP)
     (out, lse, grads), (ro, rl, want) = _run_options(
         q, k, v, ptr, col, 0.125, kw, {}, torch.float32
     )

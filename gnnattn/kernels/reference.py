@@ -23,8 +23,6 @@ The attention functions also take the options every backend has (see
 :mod:`gnnattn.kernels.common` for the dropout stream):
 
 * ``bias``: ``[E, H]`` added to the scores (edge features as a score bias);
-* ``value_bias``: ``[E, H, Cv]`` added to the source's value on that edge,
-  ``o_i = sum_j alpha_ij (v_j + value_bias_ij)``;
 * ``dropout``: a :class:`~gnnattn.kernels.common.Dropout`; the weights that
   the stream drops are zeroed and the others scaled by ``1 / (1 - p)``
   *after* the softmax (``lse`` is that of the undropped scores);
@@ -222,11 +220,6 @@ def _edge_score(
     return s + (edge_query[index] * edge_attr.unsqueeze(1)).sum(-1)  # (E, H)
 
 
-def _messages(v: Tensor, col: Tensor, value_bias: Tensor | None) -> Tensor:
-    vj = v[col]  # (E, H, Cv)
-    return vj + value_bias if value_bias is not None else vj
-
-
 def attention_fwd(
     q: Tensor,
     k: Tensor,
@@ -236,7 +229,6 @@ def attention_fwd(
     scale: float,
     bias: Tensor | None = None,
     *,
-    value_bias: Tensor | None = None,
     dropout: Dropout | None = None,
     plan: Checked | None = None,
     edge_attr: Tensor | None = None,
@@ -252,7 +244,6 @@ def attention_fwd(
         col: ``[E]`` source of each edge.
         scale: multiplies ``q . k``.
         bias: optional ``[E, H]`` additive score bias (edge features).
-        value_bias: optional ``[E, H, Cv]`` added to the values per edge.
         dropout: optional attention dropout (see the module docstring).
         plan: from :func:`plan` (unused here: the reference gathers with
             torch, which bounds-checks).
@@ -277,7 +268,7 @@ def attention_fwd(
     f = dropout_factor(dropout, col.numel(), h, alpha)
     if f is not None:
         alpha = alpha * f
-    out = segment_sum(alpha.unsqueeze(-1) * _messages(v, col, value_bias), index, n)
+    out = segment_sum(alpha.unsqueeze(-1) * v[col], index, n)
     if edge_attr is None:
         return out, lse
     edge_out = segment_sum(alpha.unsqueeze(-1) * edge_attr.unsqueeze(1), index, n)  # (N, H, F)
@@ -317,7 +308,6 @@ def attention_bwd(
     scale: float,
     bias: Tensor | None = None,
     *,
-    value_bias: Tensor | None = None,
     dropout: Dropout | None = None,
     csc: tuple[Tensor, Tensor, Tensor] | None = None,
     plan: Checked | None = None,
@@ -327,12 +317,12 @@ def attention_bwd(
     grad_edge_out: Tensor | None = None,
     need_dedge_attr: bool = True,
 ) -> tuple[Tensor | None, ...]:
-    """Gradients of :func:`attention_fwd` w.r.t. ``q``, ``k``, ``v``, ``bias``, ``value_bias``
-    (and ``edge_attr``, ``edge_query``).
+    """Gradients of :func:`attention_fwd` w.r.t. ``q``, ``k``, ``v``, ``bias`` (and
+    ``edge_attr``, ``edge_query``).
 
     FlashAttention's recomputation: ``alpha`` comes back from ``lse``, and the
     softmax backward uses ``D_i = sum_c dout_ic * out_ic`` (equal to
-    ``sum_j alpha_ij dalpha_ij``, dropout and value bias included), so
+    ``sum_j alpha_ij dalpha_ij``, dropout included), so
     nothing of size ``E x C`` is saved. With ``out=None``, ``D_i`` is computed
     from the edges instead (the form the CPU kernel uses, so that the
     forward's output need not be kept). ``csc`` and the plans are accepted
@@ -346,9 +336,8 @@ def attention_bwd(
 
     Returns:
         ``dq``, ``dk``, ``dv``, ``dbias`` (the score gradient ``dS``
-        ``[E, H]``, ``None`` without ``bias``) and ``dvalue_bias``
-        (``[E, H, Cv]``, ``None`` without ``value_bias``); with ``edge_attr``
-        also ``dedge_attr`` ``[E, F]`` (``None`` with ``need_dedge_attr=False``,
+        ``[E, H]``, ``None`` without ``bias``); with ``edge_attr`` also
+        ``dedge_attr`` ``[E, F]`` (``None`` with ``need_dedge_attr=False``,
         for an ``edge_attr`` that needs no gradient) and ``dedge_query``
         ``[N, H, F]`` (``None`` without ``edge_query``).
     """
@@ -361,8 +350,7 @@ def attention_bwd(
     kept = alpha * f if f is not None else alpha  # (E, H), the weights the forward used
     g = grad_out[index]  # (E, H, Cv)
     dv = segment_sum(kept.unsqueeze(-1) * g, col, m)
-    dvb = kept.unsqueeze(-1) * g if value_bias is not None else None
-    dkept = (g * _messages(v, col, value_bias)).sum(-1)  # (E, H)
+    dkept = (g * v[col]).sum(-1)  # (E, H)
     ge = grad_edge_out[index] if edge_attr is not None and grad_edge_out is not None else None
     if ge is not None:
         assert edge_attr is not None
@@ -379,7 +367,7 @@ def attention_bwd(
     dq = segment_sum(ds.unsqueeze(-1) * k[col], index, n) * scale
     dk = segment_sum(ds.unsqueeze(-1) * q[index], col, m) * scale
     if edge_attr is None:
-        return dq, dk, dv, (ds if bias is not None else None), dvb
+        return dq, dk, dv, (ds if bias is not None else None)
     dea = torch.zeros_like(edge_attr)
     deq = None
     if edge_query is not None:
@@ -388,4 +376,4 @@ def attention_bwd(
     if ge is not None:
         dea = dea + (kept.unsqueeze(-1) * ge).sum(1)
     dbias = ds if bias is not None else None
-    return dq, dk, dv, dbias, dvb, (dea if need_dedge_attr else None), deq
+    return dq, dk, dv, dbias, (dea if need_dedge_attr else None), deq

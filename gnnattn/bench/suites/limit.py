@@ -154,7 +154,7 @@ def _kernel_candidates(
     tpl = cpu.plan(tptr, trow, graph.num_nodes, perm=tperm)
     scale = q.shape[2] ** -0.5
     _, lse = cpu.attention_fwd(q, k, v, ptr, col, scale, plan=pl)
-    _, ld, _, _ = cpu.attention_bwd_dst(q, k, v, lse, dout, ptr, col, scale, plan=pl)
+    _, ld, _ = cpu.attention_bwd_dst(q, k, v, lse, dout, ptr, col, scale, plan=pl)
 
     def kernel_bwd() -> None:
         cpu.attention_bwd(q, k, v, None, lse, dout, ptr, col, scale, csc=csc, plan=pl, csc_plan=tpl)

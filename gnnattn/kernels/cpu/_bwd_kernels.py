@@ -2,32 +2,29 @@ r"""The backward's two passes, compiled: destination (``dq``, ``D``) and source 
 
 FlashAttention's recomputation: the weights come back from the forward's
 ``lse`` as ``alpha_ij = exp(s_ij - lse_i)`` instead of being stored. With
-``f_ij`` the dropout factor (``keep / (1 - p)``, 1 without dropout) and
-``vb_ij`` the value bias of the edge (0 without one):
+``f_ij`` the dropout factor (``keep / (1 - p)``, 1 without dropout):
 
 .. math::
-    dp_{ij} = f_{ij}\, dout_i \cdot (v_j + vb_{ij}), \quad
+    dp_{ij} = f_{ij}\, dout_i \cdot v_j, \quad
     D_i = \frac{\sum_j \alpha_{ij} dp_{ij}}{\sum_j \alpha_{ij}}, \quad
     dS_{ij} = \alpha_{ij} (dp_{ij} - D_i),
 
-``dq_i = scale sum_j dS_ij k_j``, ``dk_j = scale sum_i dS_ij q_i``,
-``dv_j = sum_i alpha_ij f_ij dout_i`` and ``dvb_ij = alpha_ij f_ij dout_i``.
+``dq_i = scale sum_j dS_ij k_j``, ``dk_j = scale sum_i dS_ij q_i`` and
+``dv_j = sum_i alpha_ij f_ij dout_i``.
 
 * Destination pass (CSR): ``k_j`` and ``v_j`` (2 gathered rows per edge)
   give the weights, ``dp`` and ``D_i``; a second sweep over the target's
   edges (their weights and ``dp`` kept in a small array when they fit)
-  accumulates ``dq_i`` and writes ``dS`` (with a score bias) and the value
-  bias's gradient, both in CSR order.
+  accumulates ``dq_i`` and writes ``dS`` (with a score bias), in CSR order.
 * Source pass (transposed CSR): ``q_i`` and ``dout_i`` (2 gathered rows) and
   one cache line of ``(lse_i, D_i)`` per edge; ``k_j``/``v_j`` are the
   source's own rows; ``dk_j`` and ``dv_j`` accumulate in cache, so no two
   threads write one row and no atomics are needed. The per-edge options
-  (bias, value bias, dropout counter) are read at the edge's CSR position
-  ``tperm[t]``.
+  (bias, dropout counter) are read at the edge's CSR position ``tperm[t]``.
 * Source pass from stored weights: where the destination pass writes ``dS``
-  anyway (a bias, a value bias, edge features), :func:`attention_bwd`
-  has it also write the dropped weight ``P_ij = alpha_ij f_ij``, interleaved
-  with ``dS`` in one ``[E, 2H]`` array (its first sweep has ``alpha`` and
+  anyway (a bias, edge features), :func:`attention_bwd` has it also write
+  the dropped weight ``P_ij = alpha_ij f_ij``, interleaved with ``dS`` in
+  one ``[E, 2H]`` array (its first sweep has ``alpha`` and
   ``f`` in hand). The source pass then reads per edge ``q_i`` and ``dout_i``
   (2 gathered rows) and the one cache line of ``(dS_ij, P_ij)`` at
   ``tperm[t]``: ``dk_j = scale sum_i dS_ij q_i``, ``dv_j = sum_i P_ij
@@ -46,9 +43,9 @@ called with an ``[E, H]`` ``dS`` alone it needs the score's edge term too:
 ``eq_i`` (one more gathered row of ``H*F``) and ``ea`` at the edge's CSR
 position.
 
-So the backward makes no ``[E, H]`` arrays without a bias, a value bias or
-edge features (dropout alone included: its mask is rehashed) and does not
-need the forward's output. ``D_i`` is the ratio of two sums over the
+So the backward makes no ``[E, H]`` arrays without a bias or edge features
+(dropout alone included: its mask is rehashed) and does not need the
+forward's output. ``D_i`` is the ratio of two sums over the
 edges rather than ``dout_i . out_i``: ``sum_j alpha_ij`` is 1 up to the
 rounding of ``lse``, and dividing by the computed sum removes that rounding,
 so ``dS`` is exactly 0 where every edge of a target carries the same ``dp``.
@@ -73,17 +70,15 @@ from ._edge import (
     _edge_score,
     _edge_score_call,
     _factor,
-    _msg_dot,
     _none,
     _prefetch_at,
     _prefetch_opt,
     _score,
     _src_ds,
     _uses_order,
-    _vb_grad,
     _weight,
 )
-from ._simd import _AHEAD, _INLINE, _JIT, _NN, _axpy, _prefetch, _prefetch_row
+from ._simd import _AHEAD, _INLINE, _JIT, _NN, _axpy, _dot, _prefetch, _prefetch_row
 
 # Edges per target whose weights the destination pass keeps for its second sweep.
 _CACHE = 512
@@ -91,13 +86,13 @@ _CACHE = 512
 
 @numba.njit(**_INLINE)
 def _dst_delta(
-    q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, col, s0, e0, scale, wa, wp,
-    wf, dl, dvb, dbias,
+    q, i, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, col, s0, e0, scale, wa, wp, wf,
+    dl, dbias,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Partial sums of ``D_i`` over ``s0:e0``: ``dl[h] = sum_j alpha_ij dp_ij``,
-    ``dl[H + h] = sum_j alpha_ij``; writes the value bias's gradient, and the
-    dropped weight ``P_ij = alpha_ij f_ij`` into ``dbias[e, H + h]`` when
-    ``dbias`` has those columns (``[E, 2H]``: see the module docstring).
+    ``dl[H + h] = sum_j alpha_ij``; writes the dropped weight
+    ``P_ij = alpha_ij f_ij`` into ``dbias[e, H + h]`` when ``dbias`` has
+    those columns (``[E, 2H]``: see the module docstring).
 
     ``D_i`` is their ratio (see :func:`_delta`). Keeps ``alpha``, ``dp`` and
     ``alpha f`` in ``wa``/``wp``/``wf`` when the edges fit.
@@ -122,8 +117,7 @@ def _dst_delta(
             s = _edge_score(_score(q, i, k, j, h, cq, scale, bias, e, has_bias), eq, i, ea, e, h)
             a = _weight(s, lse[i, h], zero)
             f = _factor(key, dscale, e, h, nh, one)
-            dp = _add_g(_msg_dot(dout, i, v, j, vb, e, h * cv, cv), gg, i, ea, e, h) * f
-            _vb_grad(dvb, e, a * f, dout, i, h * cv, cv)
+            dp = _add_g(_dot(dout, i, v, j, h * cv, cv), gg, i, ea, e, h) * f
             if keep_p:
                 dbias[e, nh + h] = a * f
             dl[h] += a * dp
@@ -148,8 +142,8 @@ def _delta(dl, ld, i):  # pragma: no cover - compiled
 # fmt: off
 @numba.njit(**_INLINE)
 def _dst_grad(
-    q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, col, s0, e0, scale, wa, wp,
-    wf, ld, acc, dbias, eacc, dea,
+    q, i, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, col, s0, e0, scale, wa, wp, wf,
+    ld, acc, dbias, eacc, dea,
 ):  # pragma: no cover - compiled
 # fmt: on
     """``dq_i += sum_j dS_ij k_j`` over ``s0:e0`` into ``acc`` (and ``dS`` into ``dbias``);
@@ -160,7 +154,7 @@ def _dst_grad(
     zero = q.dtype.type(0)
     one = q.dtype.type(1)
     cached = e0 - s0 <= wa.shape[1]
-    keep_ds = dbias.shape[0] > 0  # a score bias, or a value bias (for the source pass)
+    keep_ds = dbias.shape[0] > 0  # a score bias, or edge features (for the source pass)
     s0 = s0 & _NN
     for t in range(e0 - s0):
         e = s0 + t
@@ -177,7 +171,7 @@ def _dst_grad(
             else:
                 s = _score(q, i, k, j, h, cq, scale, bias, e, has_bias)
                 a = _weight(_edge_score_call(s, eq, i, ea, e, h), lse[i, h], zero)
-                dp = _edge_dp(dout, i, v, j, vb, e, key, dscale, h, nh, one, h * cv, cv, gg, ea)
+                dp = _edge_dp(dout, i, v, j, e, key, dscale, h, nh, one, h * cv, cv, gg, ea)
             ds = a * (dp - ld[i, nh + h])
             if keep_ds:
                 dbias[e, h] = ds
@@ -224,8 +218,8 @@ def _sum_rows_ol(out, i, parts, x0, x1):  # pragma: no cover - compiled
 
 @numba.njit(**_JIT)
 def _bwd_dst_kernel(
-    q, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, nf, ptr, col, scale, bounds,
-    limit, dq, ld, dbias, dvb, deq, dea,
+    q, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, nf, ptr, col, scale, bounds, limit,
+    dq, ld, dbias, deq, dea,
 ):  # pragma: no cover - compiled  # fmt: skip
     nh = lse.shape[1]
     cq = q.shape[1] // nh
@@ -243,15 +237,15 @@ def _bwd_dst_kernel(
             if e0 - s0 > limit:
                 continue  # a hub: _bwd_dst_pieces_kernel
             _dst_delta(
-                q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, col, s0, e0,
-                scale, wa, wp, wf, dl, dvb, dbias,
+                q, i, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, col, s0, e0, scale,
+                wa, wp, wf, dl, dbias,
             )  # fmt: skip
             _delta(dl, ld, i)
             acc[:] = zero
             eacc[:] = zero
             _dst_grad(
-                q, i, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, col, s0, e0,
-                scale, wa, wp, wf, ld, acc, dbias, eacc, dea,
+                q, i, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, col, s0, e0, scale,
+                wa, wp, wf, ld, acc, dbias, eacc, dea,
             )  # fmt: skip
             for c in range(nh * cq):
                 dq[i, c] = acc[c]
@@ -260,8 +254,8 @@ def _bwd_dst_kernel(
 
 @numba.njit(**_JIT)
 def _bwd_dst_pieces_kernel(
-    q, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg, nf, col, scale, pieces, seg,
-    dq, ld, dbias, dvb, deq, dea,
+    q, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, nf, col, scale, pieces, seg, dq,
+    ld, dbias, deq, dea,
 ):  # pragma: no cover - compiled  # fmt: skip
     nh = lse.shape[1]
     cq = q.shape[1] // nh
@@ -274,9 +268,8 @@ def _bwd_dst_pieces_kernel(
     nokeep = np.empty((nh, 0), dtype=q.dtype)
     for x in prange(npc):
         _dst_delta(
-            q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg,
-            col, pieces[x, 1], pieces[x, 2], scale, nokeep, nokeep, nokeep, pd[x], dvb,
-            dbias,
+            q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, col,
+            pieces[x, 1], pieces[x, 2], scale, nokeep, nokeep, nokeep, pd[x], dbias,
         )  # fmt: skip
     for s in prange(seg.shape[0] - 1):
         dl = np.zeros(2 * nh, dtype=q.dtype)
@@ -286,9 +279,9 @@ def _bwd_dst_pieces_kernel(
         _delta(dl, ld, pieces[seg[s], 0] & _NN)
     for x in prange(npc):
         _dst_grad(
-            q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, vb, key, dscale, ea, eq, gg,
-            col, pieces[x, 1], pieces[x, 2], scale, nokeep, nokeep, nokeep, ld, pa[x], dbias,
-            pe[x], dea,
+            q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, col,
+            pieces[x, 1], pieces[x, 2], scale, nokeep, nokeep, nokeep, ld, pa[x], dbias, pe[x],
+            dea,
         )  # fmt: skip
     for s in prange(seg.shape[0] - 1):
         i = pieces[seg[s], 0] & _NN
@@ -302,8 +295,8 @@ def _bwd_dst_pieces_kernel(
 
 @numba.njit(**_INLINE)
 def _src_segment(
-    q, k, j, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, ea, eq, trow, tperm, t0, t1, scale,
-    ak, av,
+    q, k, j, v, dout, ld, bias, has_bias, key, dscale, dsv, ea, eq, trow, tperm, t0, t1, scale, ak,
+    av,
 ):  # pragma: no cover - compiled  # fmt: skip
     """``dk_j``, ``dv_j`` over the outgoing edges ``t0:t1`` of source ``j`` into ``ak``, ``av``."""
     nh = ld.shape[1] // 2
@@ -312,14 +305,13 @@ def _src_segment(
     zero = q.dtype.type(0)
     one = q.dtype.type(1)
     # The bias and the options are in CSR order: read at the edge's CSR position.
-    by_pos = has_bias or _uses_order(vb, key, dsv)
+    by_pos = has_bias or _uses_order(key, dsv)
     for t in range(t0 & _NN, t1):
         if t + _AHEAD < trow.shape[0]:
             ii = trow[t + _AHEAD] & _NN
             _prefetch_row(q, ii)
             _prefetch_row(dout, ii)
             _prefetch(ld, ii, 0)
-            _prefetch_at(vb, tperm, t + _AHEAD)
             _prefetch_at(dsv, tperm, t + _AHEAD)
             _prefetch_opt(eq, ii)
             _prefetch_at(ea, tperm, t + _AHEAD)
@@ -329,7 +321,7 @@ def _src_segment(
             s = _edge_score(_score(q, i, k, j, h, cq, scale, bias, e, has_bias), eq, i, ea, e, h)
             a = _weight(s, ld[i, h], zero)
             f = _factor(key, dscale, e, h, nh, one)
-            g = _src_ds(dsv, e, h, a, f, dout, i, v, j, vb, ld[i, nh + h], h * cv, cv) * scale
+            g = _src_ds(dsv, e, h, a, f, dout, i, v, j, ld[i, nh + h], h * cv, cv) * scale
             _axpy(av, a * f, dout, i, h * cv, cv)
             _axpy(ak, g, q, i, h * cq, cq)
 
@@ -337,8 +329,8 @@ def _src_segment(
 # fmt: off
 @numba.njit(**_JIT)
 def _bwd_src_kernel(
-    q, k, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, ea, eq, tptr, trow, tperm, scale,
-    bounds, limit, dk, dv,
+    q, k, v, dout, ld, bias, has_bias, key, dscale, dsv, ea, eq, tptr, trow, tperm, scale, bounds,
+    limit, dk, dv,
 ):  # pragma: no cover - compiled
 # fmt: on
     nh = ld.shape[1] // 2
@@ -355,8 +347,8 @@ def _bwd_src_kernel(
             ak[:] = zero
             av[:] = zero
             _src_segment(
-                q, k, j, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, ea, eq, trow, tperm,
-                t0, t1, scale, ak, av,
+                q, k, j, v, dout, ld, bias, has_bias, key, dscale, dsv, ea, eq, trow, tperm, t0,
+                t1, scale, ak, av,
             )  # fmt: skip
             for c in range(nh * cq):
                 dk[j, c] = ak[c]
@@ -366,8 +358,8 @@ def _bwd_src_kernel(
 
 @numba.njit(**_JIT)
 def _bwd_src_pieces_kernel(
-    q, k, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, ea, eq, trow, tperm, scale, pieces,
-    seg, dk, dv,
+    q, k, v, dout, ld, bias, has_bias, key, dscale, dsv, ea, eq, trow, tperm, scale, pieces, seg,
+    dk, dv,
 ):  # pragma: no cover - compiled  # fmt: skip
     nh = ld.shape[1] // 2
     cq = q.shape[1] // nh
@@ -378,8 +370,8 @@ def _bwd_src_pieces_kernel(
     pv = np.zeros((npc, nh * cv), dtype=q.dtype)
     for x in prange(npc):
         _src_segment(
-            q, k, pieces[x, 0] & _NN, v, dout, ld, bias, has_bias, vb, key, dscale, dsv, ea, eq,
-            trow, tperm, pieces[x, 1], pieces[x, 2], scale, pk[x], pv[x],
+            q, k, pieces[x, 0] & _NN, v, dout, ld, bias, has_bias, key, dscale, dsv, ea, eq, trow,
+            tperm, pieces[x, 1], pieces[x, 2], scale, pk[x], pv[x],
         )  # fmt: skip
     for s in prange(seg.shape[0] - 1):
         j = pieces[seg[s], 0] & _NN

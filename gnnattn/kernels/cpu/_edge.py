@@ -1,30 +1,27 @@
 """What one edge contributes: its score, its weight, its message and the options on them.
 
-Arrays are 2-D rows: ``q``, ``k`` ``[*, H*C]``; ``v``, ``dout``, ``out`` and
-the value bias ``[*, H*Cv]``; head ``h`` of a row is the slice
-``[h*C, (h+1)*C)``. ``e`` is an edge's destination-CSR position (the order of
-the per-edge arrays and of the dropout counter).
+Arrays are 2-D rows: ``q``, ``k`` ``[*, H*C]``; ``v``, ``dout`` and ``out``
+``[*, H*Cv]``; head ``h`` of a row is the slice ``[h*C, (h+1)*C)``. ``e`` is
+an edge's destination-CSR position (the order of the per-edge arrays and of
+the dropout counter).
 
-**Options at no cost when absent.** The value bias (``vb``, and its gradient
-``dvb``) and the dropout stream's key (``key``, uint64 ``[threshold,
-seed_lo, seed_hi, offset]``, with its scale ``dscale``) reach the kernels as
-arguments that are ``None`` when the option is absent. numba compiles a
-specialisation per combination of argument types, and the helpers below are
-typed by their overloads: with ``None`` they are the plain dot product and
-``axpy`` and the dropout factor is the constant 1, so a call without options
-runs the code the kernels had before the options existed, and a call with
-one pays only for it. Dropout costs one integer hash per edge and head
-(:mod:`._random`), the value bias one more row read per edge (and the write
-of its gradient). Arrays and scalars, not tuples: numba passes only those
-into the body of a ``prange`` loop. The source pass's ``dsv`` (the score
-gradient the destination pass stored, with a value bias) is chosen the same
-way.
+**Options at no cost when absent.** The dropout stream's key (``key``,
+uint64 ``[threshold, seed_lo, seed_hi, offset]``, with its scale
+``dscale``) reaches the kernels as an argument that is ``None`` when there
+is no dropout. numba compiles a specialisation per combination of argument
+types, and the helpers below are typed by their overloads: with ``None`` the
+dropout factor is the constant 1, so a call without dropout runs the code
+the kernels had before the option existed, and a call with it pays only for
+it: one integer hash per edge and head (:mod:`._random`). Arrays and
+scalars, not tuples: numba passes only those into the body of a ``prange``
+loop. The source pass's ``dsv`` (the score gradient the destination pass
+stored) is chosen the same way.
 
 **Edge features.** The raw edge features ``ea`` ``[E, F]`` (CSR order, read
-sequentially like the value bias), the per-target edge query ``eq``
-``[N, H*F]`` (its score term ``eq_i^h . ea_e``), the gradient of the
-forward's ``edge_out`` ``gg`` ``[N, H*F]`` and the per-target accumulators of
-``edge_out`` / ``d edge_query`` (``eacc``, ``[H*F]``) follow the same rule:
+sequentially), the per-target edge query ``eq`` ``[N, H*F]`` (its score term
+``eq_i^h . ea_e``), the gradient of the forward's ``edge_out`` ``gg``
+``[N, H*F]`` and the per-target accumulators of ``edge_out`` /
+``d edge_query`` (``eacc``, ``[H*F]``) follow the same rule:
 ``None`` compiles the helpers below to nothing, so the kernels without edge
 features are those the options had before. (``eacc`` is a size-0 array then,
 allocated once per chunk; every helper that touches it is keyed on ``ea``.)
@@ -51,9 +48,7 @@ from ._simd import (
     _NEG_INF,
     _NN,
     _axpy,
-    _axpy_sum,
     _dot,
-    _dot_sum,
     _exp,
     _prefetch_row,
 )
@@ -89,30 +84,18 @@ def _factor(key, dscale, e, h, nh, one):  # pragma: no cover - compiled only
     """The dropout factor of edge ``e``, head ``h``: ``keep / (1 - p)``, 1 without dropout."""
 
 
-def _msg_dot(dout, i, v, j, vb, e, lo, n):  # pragma: no cover - compiled only
-    """``dout_i^h . (v_j^h + vb_e^h)`` (no ``vb`` term without a value bias)."""
-
-
-def _msg_axpy(acc, w, v, j, vb, e, lo, n):  # pragma: no cover - compiled only
-    """``acc^h += w * (v_j^h + vb_e^h)``."""
-
-
-def _vb_grad(dvb, e, w, dout, i, lo, n):  # pragma: no cover - compiled only
-    """``dvb_e^h = w * dout_i^h`` (nothing without a value bias)."""
-
-
 def _prefetch_at(a, perm, t):  # pragma: no cover - compiled only
     """Prefetch the row ``a[perm[t]]`` of a per-edge array (nothing when it is absent)."""
 
 
-def _uses_order(vb, key, dsv):  # pragma: no cover - compiled only
+def _uses_order(key, dsv):  # pragma: no cover - compiled only
     """Whether an option reads per-edge data in CSR order (then the source pass
     needs each edge's CSR position)."""
 
 
-def _src_ds(dsv, e, h, a, f, dout, i, v, j, vb, d, lo, n):  # pragma: no cover - compiled only
+def _src_ds(dsv, e, h, a, f, dout, i, v, j, d, lo, n):  # pragma: no cover - compiled only
     """The score gradient of edge ``e``, head ``h`` in the source pass:
-    ``a * (f * dout_i . (v_j + vb_e) - D_i)``, or ``dsv[e, h]`` when the
+    ``a * (f * dout_i . v_j - D_i)``, or ``dsv[e, h]`` when the
     destination pass stored it (``dsv`` not ``None``)."""
 
 
@@ -172,28 +155,14 @@ def _factor_ol(key, dscale, e, h, nh, one):  # pragma: no cover - compiled
     )
 
 
-@overload(_msg_dot, **_OL)
-def _msg_dot_ol(dout, i, v, j, vb, e, lo, n):  # pragma: no cover - compiled
-    if _none(vb):
-        return lambda dout, i, v, j, vb, e, lo, n: _dot(dout, i, v, j, lo, n)
-    return lambda dout, i, v, j, vb, e, lo, n: _dot_sum(dout, i, v, j, vb, e, lo, n)
-
-
-@overload(_msg_axpy, **_OL)
-def _msg_axpy_ol(acc, w, v, j, vb, e, lo, n):  # pragma: no cover - compiled
-    if _none(vb):
-        return lambda acc, w, v, j, vb, e, lo, n: _axpy(acc, w, v, j, lo, n)
-    return lambda acc, w, v, j, vb, e, lo, n: _axpy_sum(acc, w, v, j, vb, e, lo, n)
-
-
-# A call, not inlined: numba's typed inlining of the overloads above into a
-# branch (where _dst_grad recomputes) trips its SSA checks.
+# A call, not inlined: numba's typed inlining of the overloads (_add_g, _factor)
+# into a branch (where _dst_grad recomputes) trips its SSA checks.
 @numba.njit(cache=True, fastmath=set(_FAST))
 def _edge_dp(
-    dout, i, v, j, vb, e, key, dscale, h, nh, one, lo, n, gg, ea
+    dout, i, v, j, e, key, dscale, h, nh, one, lo, n, gg, ea
 ):  # pragma: no cover - compiled
-    """``dp`` of edge ``e``, head ``h``: ``f * (dout_i^h . (v_j^h + vb_e^h) + gg_i^h . ea_e)``."""
-    dp = _add_g(_msg_dot(dout, i, v, j, vb, e, lo, n), gg, i, ea, e, h)
+    """``dp`` of edge ``e``, head ``h``: ``f * (dout_i^h . v_j^h + gg_i^h . ea_e)``."""
+    dp = _add_g(_dot(dout, i, v, j, lo, n), gg, i, ea, e, h)
     return dp * _factor(key, dscale, e, h, nh, one)
 
 
@@ -204,21 +173,6 @@ def _edge_score_call(s, eq, i, ea, e, h):  # pragma: no cover - compiled
     return _edge_score(s, eq, i, ea, e, h)
 
 
-@numba.njit(**_INLINE)
-def _store_scaled(out, e, w, a, i, lo, n):  # pragma: no cover - compiled
-    """``out[e, lo + c] = w * a[i, lo + c]`` over ``c < n``."""
-    b = lo & _NN
-    for c in range(n):
-        out[e, b + c] = w * a[i, b + c]
-
-
-@overload(_vb_grad, **_OL)
-def _vb_grad_ol(dvb, e, w, dout, i, lo, n):  # pragma: no cover - compiled
-    if _none(dvb):
-        return lambda dvb, e, w, dout, i, lo, n: None
-    return lambda dvb, e, w, dout, i, lo, n: _store_scaled(dvb, e, w, dout, i, lo, n)
-
-
 @overload(_prefetch_at, **_OL)
 def _prefetch_at_ol(a, perm, t):  # pragma: no cover - compiled
     if _none(a):
@@ -227,19 +181,19 @@ def _prefetch_at_ol(a, perm, t):  # pragma: no cover - compiled
 
 
 @overload(_uses_order, **_OL)
-def _uses_order_ol(vb, key, dsv):  # pragma: no cover - compiled
-    if _none(vb) and _none(key) and _none(dsv):
-        return lambda vb, key, dsv: False
-    return lambda vb, key, dsv: True
+def _uses_order_ol(key, dsv):  # pragma: no cover - compiled
+    if _none(key) and _none(dsv):
+        return lambda key, dsv: False
+    return lambda key, dsv: True
 
 
 @overload(_src_ds, **_OL)
-def _src_ds_ol(dsv, e, h, a, f, dout, i, v, j, vb, d, lo, n):  # pragma: no cover - compiled
+def _src_ds_ol(dsv, e, h, a, f, dout, i, v, j, d, lo, n):  # pragma: no cover - compiled
     if _none(dsv):
-        return lambda dsv, e, h, a, f, dout, i, v, j, vb, d, lo, n: (
-            a * (_msg_dot(dout, i, v, j, vb, e, lo, n) * f - d)
+        return lambda dsv, e, h, a, f, dout, i, v, j, d, lo, n: (
+            a * (_dot(dout, i, v, j, lo, n) * f - d)
         )
-    return lambda dsv, e, h, a, f, dout, i, v, j, vb, d, lo, n: dsv[e, h]
+    return lambda dsv, e, h, a, f, dout, i, v, j, d, lo, n: dsv[e, h]
 
 
 # ------------------------------------------------------------------ edge features

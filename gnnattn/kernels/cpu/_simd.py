@@ -183,26 +183,8 @@ def _dot(a, i, b, j, lo, n):  # pragma: no cover - compiled
 
 
 @numba.njit(**_INLINE)
-def _dot_sum(a, i, b, j, d, p, lo, n):  # pragma: no cover - compiled
-    """``sum_c a[i, lo + c] * (b[j, lo + c] + d[p, lo + c])`` over ``c < n``."""
-    r = a.dtype.type(0)
-    lo = lo & _NN
-    for c in range(n):
-        r += a[i, lo + c] * (b[j, lo + c] + d[p, lo + c])
-    return r
-
-
-@numba.njit(**_INLINE)
 def _axpy(acc, w, b, j, lo, n):  # pragma: no cover - compiled
     """``acc[lo + c] += w * b[j, lo + c]`` over ``c < n``."""
     lo = lo & _NN
     for c in range(n):
         acc[lo + c] += w * b[j, lo + c]
-
-
-@numba.njit(**_INLINE)
-def _axpy_sum(acc, w, b, j, d, p, lo, n):  # pragma: no cover - compiled
-    """``acc[lo + c] += w * (b[j, lo + c] + d[p, lo + c])`` over ``c < n``."""
-    lo = lo & _NN
-    for c in range(n):
-        acc[lo + c] += w * (b[j, lo + c] + d[p, lo + c])

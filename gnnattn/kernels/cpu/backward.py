@@ -51,29 +51,23 @@ def attention_bwd_dst(
     scale: float,
     bias: Tensor | None = None,
     *,
-    value_bias: Tensor | None = None,
     dropout: Dropout | None = None,
     plan: CPUPlan | None = None,
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    """The backward's destination pass: ``dq``, ``D``, the score and value-bias gradients.
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The backward's destination pass: ``dq``, ``D`` and the score gradient.
 
     Args:
-        q, k, v, lse, grad_out, ptr, col, scale, bias, value_bias, dropout,
-        plan: as in :func:`attention_bwd`.
+        q, k, v, lse, grad_out, ptr, col, scale, bias, dropout, plan: as in
+            :func:`attention_bwd`.
 
     Returns:
-        ``dq`` ``[N, H, C]`` (compute dtype), ``ld`` ``[N, 2H]`` (``lse`` and
-        ``D_i`` side by side, what the source pass reads per edge), the score
-        gradient ``dS`` ``[E, H]`` (with a bias or a value bias, else
-        ``None``; the source pass reads it as ``ds=`` when there is a value
-        bias) and the value bias's gradient ``[E, H, Cv]`` (``None`` without
-        one), all in the compute dtype.
+        ``dq`` ``[N, H, C]``, ``ld`` ``[N, 2H]`` (``lse`` and ``D_i`` side by
+        side, what the source pass reads per edge) and the score gradient
+        ``dS`` ``[E, H]`` (with a bias, else ``None``), all in the compute
+        dtype.
     """
-    dst = _bwd_dst(
-        q, k, v, lse, grad_out, ptr, col, scale, bias, value_bias=value_bias, dropout=dropout,
-        plan=plan,
-    )  # fmt: skip
-    return dst[:4]
+    dst = _bwd_dst(q, k, v, lse, grad_out, ptr, col, scale, bias, dropout=dropout, plan=plan)
+    return dst[:3]
 
 
 def _bwd_dst(
@@ -87,7 +81,6 @@ def _bwd_dst(
     scale: float,
     bias: Tensor | None = None,
     *,
-    value_bias: Tensor | None = None,
     dropout: Dropout | None = None,
     plan: CPUPlan | None = None,
     edge_attr: Tensor | None = None,
@@ -95,16 +88,14 @@ def _bwd_dst(
     grad_edge_out: Tensor | None = None,
     weights: bool = False,
     need_dedge_attr: bool = True,
-) -> tuple[
-    Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None, Tensor | None
-]:
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """:func:`attention_bwd_dst` with the edge features of :func:`attention_bwd`.
 
-    With ``weights`` (and a stored ``dS``: a bias, a value bias or edge
-    features) the pass also stores the dropped weights ``P_ij = alpha_ij
-    f_ij`` beside ``dS``, one ``[E, 2H]`` array (``dS`` in ``[:, :H]``,
-    ``P`` in ``[:, H:]``): the source pass, given it as ``ds=``, then reads
-    one cache line per edge instead of recomputing the weights.
+    With ``weights`` (and a stored ``dS``: a bias or edge features) the pass
+    also stores the dropped weights ``P_ij = alpha_ij f_ij`` beside ``dS``,
+    one ``[E, 2H]`` array (``dS`` in ``[:, :H]``, ``P`` in ``[:, H:]``): the
+    source pass, given it as ``ds=``, then reads one cache line per edge
+    instead of recomputing the weights.
 
     Returns:
         those of :func:`attention_bwd_dst` (``dS`` also with edge features:
@@ -120,7 +111,7 @@ def _bwd_dst(
     cv = v.shape[2]
     _check_rows("grad_out", grad_out, (n, nh, cv))
     _check_rows("lse", lse, (n, nh))
-    drop = _check_options(value_bias, dropout, v, e)
+    drop = _check_options(dropout)
     nf = _check_edge(edge_attr, edge_query, q, e)
     if edge_attr is None:
         grad_edge_out = None
@@ -138,13 +129,12 @@ def _bwd_dst(
     ld[:, :nh] = lse
     ld[:, nh:] = 0
     # The pass writes every edge's row of these (and every target's of deq).
-    keep_ds = bias is not None or value_bias is not None or edge_attr is not None
+    keep_ds = bias is not None or edge_attr is not None
     weights = weights and keep_ds
     # dS and P interleaved per edge: the source pass reads both at the edge's
     # CSR position, a random row, so side by side they cost one cache line.
     dsp = torch.empty(e, 2 * nh, dtype=dt) if weights else None
     ds = dsp[:, :nh] if dsp is not None else torch.empty(e, nh, dtype=dt) if keep_ds else None
-    dvb = torch.empty(e, nh * cv, dtype=dt) if value_bias is not None else None
     # Without dea the kernels compile without its per-edge sum over heads and its store.
     dea = alloc(e, nf, dtype=dt) if edge_attr is not None and need_dedge_attr else None
     deq = alloc(n, nh * nf, dtype=dt) if edge_query is not None else None
@@ -156,26 +146,24 @@ def _bwd_dst(
             dd = dsp.numpy()
         else:
             dd = ds.numpy() if ds is not None else np.empty((0, nh), _np_dtype(dt))
-        vb, key, dscale = _option_args(value_bias, drop, dt)
+        key, dscale = _option_args(drop, dt)
         ea, eq, gg = (
             _opt_rows(edge_attr, dt),
             _opt_rows(edge_query, dt),
             _opt_rows(grad_edge_out, dt),
         )
-        dvb_np = dvb.numpy() if dvb is not None else None
         dea_np = dea.numpy() if dea is not None else None
         deq_np = deq.numpy() if deq is not None else None
         w = plan.work
-        args = (qq, kk, vv, go, ll, bb, bias is not None, vb, key, dscale, ea, eq, gg, nf)
-        outs = (dq.numpy(), ld.numpy(), dd, dvb_np, deq_np, dea_np)
+        args = (qq, kk, vv, go, ll, bb, bias is not None, key, dscale, ea, eq, gg, nf)
+        outs = (dq.numpy(), ld.numpy(), dd, deq_np, dea_np)
         _bwd_dst_kernel(*args, plan.ptr, plan.col, sc, w.bounds, w.limit, *outs)
         if w.pieces.shape[0]:
             _bwd_dst_pieces_kernel(*args, plan.col, sc, w.pieces, w.seg, *outs)
     elif dea is not None:
         dea.zero_()  # no head: no term
-    dvb_out = dvb.view(e, nh, cv) if dvb is not None else None
     deq_out = deq.view(n, nh, nf) if deq is not None else None
-    return dq.view(n, nh, cq), ld, ds, dvb_out, dea, deq_out, dsp
+    return dq.view(n, nh, cq), ld, ds, dea, deq_out, dsp
 
 
 def attention_bwd_src(
@@ -188,7 +176,6 @@ def attention_bwd_src(
     scale: float,
     bias: Tensor | None = None,
     *,
-    value_bias: Tensor | None = None,
     dropout: Dropout | None = None,
     ds: Tensor | None = None,
     csc_plan: CPUPlan | None = None,
@@ -198,27 +185,23 @@ def attention_bwd_src(
     """The backward's source pass: ``dk`` and ``dv`` over the transposed CSR.
 
     Args:
-        q, k, v, grad_out, scale, bias, value_bias, dropout: as in
-            :func:`attention_bwd`.
+        q, k, v, grad_out, scale, bias, dropout: as in :func:`attention_bwd`.
         ld: ``[N, 2H]`` from :func:`attention_bwd_dst`.
         csc: ``(tptr, trow, tperm)``, the transposed CSR; checked here unless
             ``csc_plan`` is given. With a ``csc_plan`` it may be ``None``, or
             supply ``tperm`` to a plan made without ``perm=`` (then only its
             shape is checked: the caller vouches that it is the plan's).
         ds: optional ``[E, H]`` score gradient from :func:`attention_bwd_dst`:
-            read per edge (one cache line) instead of recomputed, and then
-            ``value_bias`` is not read (it enters only through ``dS``).
-            :func:`attention_bwd` passes it when there is a value bias, whose
-            rows this pass would otherwise gather per edge. Or ``[E, 2H]``,
-            ``dS`` and the dropped weights ``P_ij = alpha_ij f_ij`` side by
-            side (as :func:`attention_bwd` has the destination pass store
-            them): then ``dk_j = scale sum_i dS_ij q_i`` and ``dv_j = sum_i
-            P_ij dout_i`` from them alone, and ``k``, ``v``, ``ld``, ``bias``,
-            ``value_bias``, ``dropout``, ``edge_attr`` and ``edge_query`` are
-            checked but not read.
+            read per edge (one cache line) instead of recomputed. Or
+            ``[E, 2H]``, ``dS`` and the dropped weights ``P_ij = alpha_ij
+            f_ij`` side by side (as :func:`attention_bwd` has the destination
+            pass store them): then ``dk_j = scale sum_i dS_ij q_i`` and
+            ``dv_j = sum_i P_ij dout_i`` from them alone, and ``k``, ``v``,
+            ``ld``, ``bias``, ``dropout``, ``edge_attr`` and ``edge_query``
+            are checked but not read.
         csc_plan: ``plan(tptr, trow, N, perm=tperm)``; made without ``perm``
-            it serves calls with ``bias``, ``value_bias``, ``dropout`` or ``ds``
-            only together with ``csc`` (whose ``tperm`` is then used unchecked).
+            it serves calls with ``bias``, ``dropout`` or ``ds`` only together
+            with ``csc`` (whose ``tperm`` is then used unchecked).
         edge_attr, edge_query: as in :func:`attention_bwd`; with ``edge_attr``
             ``ds`` is required (the ``edge_out`` gradient enters only through it).
 
@@ -254,18 +237,17 @@ def attention_bwd_src(
     kept = ds is not None and ds.ndim == 2 and ds.shape[1] == 2 * nh and nh > 0
     if ds is not None:
         _check_rows("ds", ds, (e, 2 * nh) if kept else (e, nh))
-        value_bias = None  # it enters this pass only through dS
     elif edge_attr is not None:
         raise ValueError("Expected 'ds' from attention_bwd_dst with 'edge_attr', got None")
-    drop = _check_options(value_bias, dropout, v, e)
+    drop = _check_options(dropout)
     nf = _check_edge(edge_attr, edge_query, q, e)
     if edge_query is None:
         edge_attr = None  # without a query it does not enter the scores: not read here
-    per_edge = bias is not None or value_bias is not None or drop is not None or ds is not None
+    per_edge = bias is not None or drop is not None or ds is not None
     if per_edge and perm is None:
         raise ValueError(
-            "Expected 'csc' with a 'csc_plan' made without perm= (bias, value_bias, dropout "
-            "and ds are read at each edge's CSR position, csc[2]), got neither"
+            "Expected 'csc' with a 'csc_plan' made without perm= (bias, dropout and ds are "
+            "read at each edge's CSR position, csc[2]), got neither"
         )
     tperm_np = perm if perm is not None else np.empty(0, np.int64)
     alloc = torch.empty if e else torch.zeros
@@ -275,7 +257,7 @@ def attention_bwd_src(
         qq, kk, vv, go = _rows(q, dt), _rows(k, dt), _rows(v, dt), _rows(grad_out, dt)
         lld = ld.detach().to(dt).contiguous().numpy()
         bb, sc = _bias(bias, dt, nh), _scalar(scale, dt)
-        vb, key, dscale = _option_args(value_bias, drop, dt)
+        key, dscale = _option_args(drop, dt)
         dsv = ds.detach().to(dt).contiguous().numpy() if ds is not None else None
         ea, eq = _opt_rows(edge_attr, dt), _opt_rows(edge_query, dt)
         del nf
@@ -292,7 +274,7 @@ def attention_bwd_src(
                     qq, go, dsv, pl.col, tperm_np, sc, w.pieces, w.seg, dk.numpy(), dv.numpy()
                 )  # fmt: skip
             return dk.view(m, nh, cq), dv.view(m, nh, cv)
-        args = (qq, kk, vv, go, lld, bb, bias is not None, vb, key, dscale, dsv, ea, eq)
+        args = (qq, kk, vv, go, lld, bb, bias is not None, key, dscale, dsv, ea, eq)
         _bwd_src_kernel(
             *args, pl.ptr, pl.col, tperm_np, sc, w.bounds, w.limit, dk.numpy(), dv.numpy()
         )  # fmt: skip
@@ -332,7 +314,6 @@ def attention_bwd(
     scale: float,
     bias: Tensor | None = None,
     *,
-    value_bias: Tensor | None = None,
     dropout: Dropout | None = None,
     csc: tuple[Tensor, Tensor, Tensor] | None = None,
     plan: CPUPlan | None = None,
@@ -342,16 +323,16 @@ def attention_bwd(
     grad_edge_out: Tensor | None = None,
     need_dedge_attr: bool = True,
 ) -> tuple[Tensor | None, ...]:
-    """Gradients of :func:`~gnnattn.kernels.cpu.attention_fwd` w.r.t. ``q``, ``k``, ``v``,
-    ``bias`` and ``value_bias`` (and ``edge_attr``, ``edge_query``).
+    """Gradients of :func:`~gnnattn.kernels.cpu.attention_fwd` w.r.t. ``q``, ``k``, ``v``
+    and ``bias`` (and ``edge_attr``, ``edge_query``).
 
     FlashAttention's recomputation: ``alpha`` comes back from ``lse``. ``dq``,
     ``D_i`` and the per-edge gradients are summed per target over the CSR
     (:func:`attention_bwd_dst`), ``dk`` and ``dv`` per source over the
     transposed CSR (:func:`attention_bwd_src`), which recomputes the weights
     (and the dropout mask) instead of reading stored ones, except where the
-    destination pass writes the ``[E, H]`` score gradient anyway (a bias, a
-    value bias, edge features): then it writes the dropped weights beside it
+    destination pass writes the ``[E, H]`` score gradient anyway (a bias,
+    edge features): then it writes the dropped weights beside it
     and the source pass reads the two (one cache line per edge).
 
     Args:
@@ -367,7 +348,6 @@ def attention_bwd(
         col: ``[E]`` int64 or int32 sources.
         scale: as in the forward.
         bias: the forward's ``[E, H]`` bias, or ``None``.
-        value_bias: the forward's ``[E, H, Cv]`` value bias, or ``None``.
         dropout: the forward's :class:`~gnnattn.kernels.common.Dropout` (the
             same key: the mask is regenerated), or ``None``.
         csc: the transposed CSR ``(tptr, trow, tperm)`` of the graph
@@ -387,10 +367,9 @@ def attention_bwd(
             features usually do not): ``dedge_attr`` is then not computed.
 
     Returns:
-        ``dq``, ``dk``, ``dv`` (typed like ``q``, ``k``, ``v``), ``dbias``
+        ``dq``, ``dk``, ``dv`` (typed like ``q``, ``k``, ``v``) and ``dbias``
         ``[E, H]`` (the score gradient ``dS``, typed like ``bias``; ``None``
-        without a bias) and ``dvalue_bias`` ``[E, H, Cv]`` (typed like
-        ``value_bias``; ``None`` without one); with ``edge_attr`` also
+        without a bias); with ``edge_attr`` six results: these four, then
         ``dedge_attr`` ``[E, F]`` (summed over heads, typed like it; ``None``
         without ``need_dedge_attr``) and ``dedge_query`` ``[N, H, F]``
         (``None`` without an edge query).
@@ -407,22 +386,22 @@ def attention_bwd(
     if plan is None:
         plan = _make_plan(ptr, col, m, None)  # checked once, for both uses below
     dst = _bwd_dst(
-        q, k, v, lse, grad_out, ptr, col, scale, bias, value_bias=value_bias, dropout=dropout,
-        plan=plan, edge_attr=edge_attr, edge_query=edge_query, grad_edge_out=grad_edge_out,
-        weights=True, need_dedge_attr=need_dedge_attr,
+        q, k, v, lse, grad_out, ptr, col, scale, bias, dropout=dropout, plan=plan,
+        edge_attr=edge_attr, edge_query=edge_query, grad_edge_out=grad_edge_out, weights=True,
+        need_dedge_attr=need_dedge_attr,
     )  # fmt: skip
-    dq, ld, ds, dvb = dst[:4]
-    dsp = dst[6]
+    dq, ld, ds = dst[:3]
+    dsp = dst[5]
     if csc_plan is not None:
         _check_plan(csc_plan, "csc_plan", m, col.numel(), n)
     elif csc is None:
         # Built from the checked CSR: nothing to check again.
         tptr, trow, tperm = transpose_csr(ptr, col, m)
         csc_plan = _make_plan(tptr, trow, n, tperm, check=False)
-    # Whenever the destination pass stores dS (a bias, a value bias, edge features),
-    # it stores the dropped weights P beside it, and the source pass reads both
-    # instead of recomputing the scores, the exp and the dropout mask (and of
-    # gathering the value bias's or the edge query's rows).
+    # Whenever the destination pass stores dS (a bias, edge features), it stores
+    # the dropped weights P beside it, and the source pass reads both instead of
+    # recomputing the scores, the exp and the dropout mask (and of gathering the
+    # edge query's rows).
     dk, dv = attention_bwd_src(
         q, k, v, ld, grad_out, csc, scale, bias, dropout=dropout, ds=dsp, csc_plan=csc_plan,
         edge_attr=edge_attr, edge_query=edge_query,
@@ -431,11 +410,10 @@ def attention_bwd(
     # A view of [dS | P] when there is P: it keeps P alive as long as the
     # gradient, which a contiguous copy would allocate anew, for the same bytes.
     dbias = ds.to(bias.dtype) if bias is not None and ds is not None else None
-    dvalue_bias = dvb.to(value_bias.dtype) if value_bias is not None and dvb is not None else None
-    res = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias, dvalue_bias)
+    res = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias)
     if edge_attr is None:
         return res
-    dea, deq = dst[4:6]
+    dea, deq = dst[3:5]
     return (
         *res,
         dea.to(edge_attr.dtype) if dea is not None else None,

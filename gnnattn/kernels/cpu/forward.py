@@ -4,10 +4,10 @@ Per target, a blockwise online softmax: the scores of a block of ``_BLOCK``
 edges (every head of an edge from one gathered ``k_j`` row) are held in a
 small array, the running max, sum and unnormalized output are rescaled when
 the max grows, and the weighted values are accumulated from one gathered
-``v_j`` row per edge (plus the edge's value-bias row, read in CSR order). Per
-edge the pass gathers ``k_j`` and ``v_j``; ``q_i`` and ``out_i`` are read and
-written once per target; no ``[E, C]`` array is made. Hubs are reduced in
-pieces whose ``(max, sum, acc)`` are merged in piece order.
+``v_j`` row per edge. Per edge the pass gathers ``k_j`` and ``v_j``; ``q_i``
+and ``out_i`` are read and written once per target; no ``[E, C]`` array is
+made. Hubs are reduced in pieces whose ``(max, sum, acc)`` are merged in
+piece order.
 
 With edge features (``edge_attr`` ``[E, F]``, read in CSR order), an edge
 query adds ``edge_query_i^h . a_ij`` to the score, and the weights (after
@@ -40,7 +40,6 @@ from ._edge import (
     _eacc_store,
     _edge_score,
     _factor,
-    _msg_axpy,
     _score,
 )
 from ._simd import _AHEAD, _INLINE, _JIT, _NEG_INF, _NN, _axpy, _exp, _max, _prefetch_row
@@ -67,7 +66,7 @@ _BLOCK = 64
 
 @numba.njit(**_INLINE)
 def _fwd_segment(
-    q, i, k, v, bias, has_bias, vb, key, dscale, ea, eq, col, s0, e0, scale, sc, m, tot, acc, eacc
+    q, i, k, v, bias, has_bias, key, dscale, ea, eq, col, s0, e0, scale, sc, m, tot, acc, eacc
 ):  # pragma: no cover - compiled
     """Online softmax of target ``i`` over the edges ``s0:e0``, a block at a time.
 
@@ -121,14 +120,14 @@ def _fwd_segment(
                 sc[h, t] = w
                 w_sum += w
             tot[h] += w_sum
-        # The weighted sum: one gathered v row per edge (and the edge's own
-        # value-bias row), each weight times its dropout factor.
+        # The weighted sum: one gathered v row per edge, each weight times its
+        # dropout factor.
         for t in range(nb):
             e = b0 + t
             j = col[e] & _NN
             for h in range(nh):
                 w = sc[h, t] * _factor(key, dscale, e, h, nh, one)
-                _msg_axpy(acc, w, v, j, vb, e, h * cv, cv)
+                _axpy(acc, w, v, j, h * cv, cv)
                 _eacc_axpy(eacc, w, ea, e, h)
         b0 += nb
 
@@ -155,9 +154,8 @@ def _fwd_finish(m, tot, acc, out, lse, i, eacc, ea, eo, inv):  # pragma: no cove
 
 @numba.njit(**_JIT)
 def _fwd_kernel(
-    q, k, v, bias, has_bias, vb, key, dscale, ea, eq, nf, ptr, col, scale, bounds, limit, out, lse,
-    eo,
-):  # pragma: no cover - compiled  # fmt: skip
+    q, k, v, bias, has_bias, key, dscale, ea, eq, nf, ptr, col, scale, bounds, limit, out, lse, eo
+):  # pragma: no cover - compiled
     nh = lse.shape[1]
     cv = v.shape[1] // nh
     for ch in prange(bounds.shape[0] - 1):
@@ -173,15 +171,15 @@ def _fwd_kernel(
             if e0 - s0 > limit:
                 continue  # a hub: _fwd_pieces_kernel
             _fwd_segment(
-                q, i, k, v, bias, has_bias, vb, key, dscale, ea, eq, col, s0, e0, scale, sc, m,
-                tot, acc, eacc,
+                q, i, k, v, bias, has_bias, key, dscale, ea, eq, col, s0, e0, scale, sc, m, tot,
+                acc, eacc,
             )  # fmt: skip
             _fwd_finish(m, tot, acc, out, lse, i, eacc, ea, eo, inv)
 
 
 @numba.njit(**_JIT)
 def _fwd_pieces_kernel(
-    q, k, v, bias, has_bias, vb, key, dscale, ea, eq, nf, col, scale, pieces, seg, out, lse, eo
+    q, k, v, bias, has_bias, key, dscale, ea, eq, nf, col, scale, pieces, seg, out, lse, eo
 ):  # pragma: no cover - compiled
     nh = lse.shape[1]
     cv = v.shape[1] // nh
@@ -193,8 +191,8 @@ def _fwd_pieces_kernel(
     for x in prange(npc):
         sc = np.empty((nh, _BLOCK), dtype=q.dtype)
         _fwd_segment(
-            q, pieces[x, 0] & _NN, k, v, bias, has_bias, vb, key, dscale, ea, eq, col,
-            pieces[x, 1], pieces[x, 2], scale, sc, pm[x], pt[x], pa[x], pe[x],
+            q, pieces[x, 0] & _NN, k, v, bias, has_bias, key, dscale, ea, eq, col, pieces[x, 1],
+            pieces[x, 2], scale, sc, pm[x], pt[x], pa[x], pe[x],
         )  # fmt: skip
     zero = q.dtype.type(0)
     for s in prange(seg.shape[0] - 1):
@@ -228,7 +226,6 @@ def attention_fwd(
     scale: float,
     bias: Tensor | None = None,
     *,
-    value_bias: Tensor | None = None,
     dropout: Dropout | None = None,
     plan: CPUPlan | None = None,
     edge_attr: Tensor | None = None,
@@ -247,8 +244,6 @@ def attention_fwd(
         col: ``[E]`` int64 or int32 source of each edge.
         scale: multiplies ``q . k``.
         bias: optional ``[E, H]`` additive score bias (edge features).
-        value_bias: optional ``[E, H, Cv]`` added to the source's value on
-            each edge (CSR order): ``out_i = sum_j alpha_ij (v_j + value_bias_ij)``.
         dropout: optional :class:`~gnnattn.kernels.common.Dropout`: the
             weights its stream drops are zeroed, the others scaled by
             ``1 / (1 - p)``, after the softmax (``p = 0`` drops nothing).
@@ -275,7 +270,7 @@ def attention_fwd(
         TypeError: on non-floating inputs or non-integer ``ptr``/``col``.
     """
     e = _check_qkv(q, k, v, bias, ptr, col)
-    drop = _check_options(value_bias, dropout, v, e)
+    drop = _check_options(dropout)
     nf = _check_edge(edge_attr, edge_query, q, e)
     if plan is None:
         plan = _make_plan(ptr, col, k.shape[0], None)
@@ -290,19 +285,19 @@ def attention_fwd(
     if n * nh:
         qq, kk, vv = _rows(q, dt), _rows(k, dt), _rows(v, dt)
         bb, sc = _bias(bias, dt, nh), _scalar(scale, dt)
-        vb, key, dscale = _option_args(value_bias, drop, dt)
+        key, dscale = _option_args(drop, dt)
         ea, eq = _opt_rows(edge_attr, dt), _opt_rows(edge_query, dt)
         eo_np = eo.numpy() if eo is not None else None
         w, o, ls = plan.work, out.numpy(), lse.numpy()
         has_bias = bias is not None
         _fwd_kernel(
-            qq, kk, vv, bb, has_bias, vb, key, dscale, ea, eq, nf, plan.ptr, plan.col, sc,
-            w.bounds, w.limit, o, ls, eo_np,
+            qq, kk, vv, bb, has_bias, key, dscale, ea, eq, nf, plan.ptr, plan.col, sc, w.bounds,
+            w.limit, o, ls, eo_np,
         )  # fmt: skip
         if w.pieces.shape[0]:
             _fwd_pieces_kernel(
-                qq, kk, vv, bb, has_bias, vb, key, dscale, ea, eq, nf, plan.col, sc, w.pieces,
-                w.seg, o, ls, eo_np,
+                qq, kk, vv, bb, has_bias, key, dscale, ea, eq, nf, plan.col, sc, w.pieces, w.seg,
+                o, ls, eo_np,
             )  # fmt: skip
     res = out.view(n, nh, cv).to(q.dtype)
     if eo is None:

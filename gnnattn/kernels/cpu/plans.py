@@ -137,9 +137,9 @@ def plan(ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None)
     For the transposed CSR ``(tptr, trow, tperm)`` of a graph with ``N``
     targets, ``plan(tptr, trow, N, perm=tperm)``: the source pass reads the
     bias and the dropout stream at ``tperm[t]``, so ``perm`` is checked too
-    and kept. A plan made without it (the reference's and the
-    Triton kernels' signature) serves calls with those options only with
-    ``csc=`` given alongside, whose ``tperm`` is then trusted unchecked.
+    and kept. A plan made without it (the reference's and the Triton kernels'
+    signature) serves calls with those options only with ``csc=`` given
+    alongside, whose ``tperm`` is then trusted unchecked.
 
     Args:
         ptr: int64 ``[N + 1]`` CSR pointers.

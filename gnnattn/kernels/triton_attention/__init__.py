@@ -2,15 +2,15 @@
 
 Implements :func:`gnnattn.kernels.reference.attention_fwd` and
 :func:`~gnnattn.kernels.reference.attention_bwd` with the same signatures and
-results: ``out_i = sum_{j in N(i)} alpha_ij (v_j + value_bias_ij)`` with
+results: ``out_i = sum_{j in N(i)} alpha_ij v_j`` with
 ``alpha_ij = softmax_j(q_i . k_j * scale + bias_ij)`` per head, then dropped
 and rescaled by the counter-based stream of :mod:`gnnattn.kernels.common`,
 for ``q`` ``[N, H, C]``, ``k`` ``[M, H, C]``, ``v`` ``[M, H, Cv]`` (``M`` may
 differ from ``N``), ``ptr`` int64 ``[N + 1]``, ``col`` int32/int64 ``[E]``, an
-optional score ``bias`` ``[E, H]`` and an optional ``value_bias`` ``[E, H, Cv]``
-(both in CSR order), and optional raw edge features ``edge_attr`` ``[E, F]``
-with edge queries ``edge_query`` ``[N, H, F]`` (the forward then also returns
-``edge_out = sum_j P_ij a_ij``, the backward takes ``grad_edge_out``).
+optional score ``bias`` ``[E, H]`` (in CSR order), and optional raw edge
+features ``edge_attr`` ``[E, F]`` with edge queries ``edge_query``
+``[N, H, F]`` (the forward then also returns ``edge_out = sum_j P_ij a_ij``,
+the backward takes ``grad_edge_out``).
 Inputs may be float16, bfloat16, float32 (float64 too); products and sums run
 in :func:`~gnnattn.kernels.common.acc_dtype`, outputs have the input dtype,
 ``lse`` is float32 (float64).
@@ -46,14 +46,12 @@ segment, as FlashDecoding's split-K does (DF-GNN's super-node scheduling is
 the same idea for graphs). Every kernel starts with the same prologue,
 :func:`~gnnattn.kernels.chunks.chunk_range`.
 
-Options: ``value_bias`` is one more contiguous ``[BLOCK_E, H, Cv]`` row per
-edge in the forward and the ``dq`` pass, a gather by ``tperm`` in the
-``dk``/``dv`` pass; ``dropout`` is regenerated from its key by every pass,
-never stored (:mod:`._random`); ``edge_attr`` is one ``[BLOCK_E, F]`` row
-per edge (shared by the heads: ``F`` is padded to ``BLOCK_F`` and masked),
-read in CSR order in the forward and the ``dq`` pass and by ``tperm`` in the
-``dk``/``dv`` pass, which also gathers ``edge_query_i`` and
-``grad_edge_out_i`` (``H * F`` each) per edge. Nothing of size ``E x H x C``
+Options: ``dropout`` is regenerated from its key by every pass, never stored
+(:mod:`._random`); ``edge_attr`` is one ``[BLOCK_E, F]`` row per edge (shared
+by the heads: ``F`` is padded to ``BLOCK_F`` and masked), read in CSR order
+in the forward and the ``dq`` pass and by ``tperm`` in the ``dk``/``dv``
+pass, which also gathers ``edge_query_i`` and ``grad_edge_out_i``
+(``H * F`` each) per edge. Nothing of size ``E x H x C``
 or ``E x H x F`` is made: ``edge_out`` and its gradients are ``[N, H, F]``
 and ``[E, F]``.
 
@@ -87,10 +85,9 @@ widened before use.
 Memory traffic per edge
 -----------------------
 Forward: ``col_j`` (once for all heads), ``k_j`` and ``v_j``
-(``H * (C + Cv) * itemsize``, two contiguous rows), ``bias_j`` (``H``
-numbers) and ``value_bias_j`` (``H * Cv``) if given; per destination ``q_i``,
-``out_i`` and ``lse_i``. dq: the same gathers plus ``dbias`` and
-``dvalue_bias`` written. dk/dv: ``q_i`` and ``dout_i`` gathered
+(``H * (C + Cv) * itemsize``, two contiguous rows) and ``bias_j`` (``H``
+numbers) if given; per destination ``q_i``, ``out_i`` and ``lse_i``. dq: the
+same gathers plus ``dbias`` written. dk/dv: ``q_i`` and ``dout_i`` gathered
 (``H * (C + Cv) * itemsize``), ``lse_i``, ``D_i``, the edge's row and its CSR
 position. Split chunks add ``O(H * Cv)`` partial numbers each.
 

@@ -71,7 +71,6 @@ def _check_inputs(
     ptr: Tensor,
     col: Tensor,
     bias: Tensor | None,
-    value_bias: Tensor | None,
     dropout: Dropout | None,
 ) -> None:
     """Shapes, dtypes, devices and the dropout key: metadata and Python numbers only."""
@@ -85,8 +84,7 @@ def _check_inputs(
             f"Expected 'k' [M, H, C] and 'v' [M, H, Cv] with 'q' [N, H, C], got "
             f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}"
         )
-    named = (("k", k), ("v", v), ("ptr", ptr), ("col", col), ("bias", bias))
-    for name, t in (*named, ("value_bias", value_bias)):
+    for name, t in (("k", k), ("v", v), ("ptr", ptr), ("col", col), ("bias", bias)):
         if t is not None and t.device != q.device:
             raise ValueError(f"Expected '{name}' on the device of 'q' ({q.device}), got {t.device}")
     if ptr.dtype != torch.int64 or col.dtype not in (torch.int64, torch.int32):
@@ -95,13 +93,9 @@ def _check_inputs(
         raise ValueError(f"Expected 'ptr' of shape [{q.shape[0] + 1}], got {list(ptr.shape)}")
     if col.dim() != 1:
         raise ValueError(f"Expected 'col' of shape [E], got {list(col.shape)}")
-    e, h, cv = col.numel(), q.shape[1], v.shape[2]
+    e, h = col.numel(), q.shape[1]
     if bias is not None and tuple(bias.shape) != (e, h):
         raise ValueError(f"Expected 'bias' of shape [{e}, {h}], got {list(bias.shape)}")
-    if value_bias is not None and tuple(value_bias.shape) != (e, h, cv):
-        raise ValueError(
-            f"Expected 'value_bias' of shape [{e}, {h}, {cv}], got {list(value_bias.shape)}"
-        )
     if dropout is not None:
         if not isinstance(dropout, Dropout):
             raise TypeError(f"Expected 'dropout' a gnnattn.kernels.common.Dropout, got {dropout!r}")

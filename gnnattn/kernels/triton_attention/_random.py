@@ -7,7 +7,7 @@ passes instead of stored. The key reaches the kernels as four int32 scalars
 (the seed's halves as int32 bit patterns, the offset, the threshold) that
 Triton does not specialise on, so a new seed never compiles anything. ``l``
 and ``lse`` are those of the undropped weights; ``D_i = dout_i . out_i``
-stays valid with dropout and value bias.
+stays valid with dropout.
 """
 
 from __future__ import annotations

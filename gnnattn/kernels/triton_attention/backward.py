@@ -3,15 +3,14 @@
 * ``_attn_bwd_dq``: the forward's plan and walk. ``D_i = sum_c dout_ic
   out_ic`` is computed once on the host side (``N x H`` numbers); the kernel
   recomputes ``alpha_ij = exp(s_ij - lse_i)``, then ``ds = alpha (dp - D_i)``
-  with ``dp = keep * scale_d * (dout_i . (v_j + vb_ij))``, ``dq_i = scale *
-  sum_j ds_ij k_j``, ``dbias = ds`` and ``dvalue_bias_ij = keep * scale_d *
-  alpha_ij * dout_i``, all per edge in CSR order. Split targets' partial
+  with ``dp = keep * scale_d * (dout_i . v_j)``, ``dq_i = scale * sum_j ds_ij
+  k_j`` and ``dbias = ds``, all per edge in CSR order. Split targets' partial
   ``dq`` are summed in chunk order (``_sum_split_rows``).
 * ``_attn_bwd_dkdv``: one program per chunk of one source ``j`` over the
   **transposed CSR** (the graph object's, built once per graph): ``dv_j =
   sum_i kept_ij dout_i`` and ``dk_j = scale * sum_i ds_ij q_i``; an edge's
-  bias, value bias and dropout counter come from its CSR position
-  ``tperm[t]``. High out-degree sources are split and summed the same way.
+  bias, dropout counter and features come from its CSR position ``tperm[t]``.
+  High out-degree sources are split and summed the same way.
 
 Why a transposed CSR rather than atomics: every ``dk_j`` / ``dv_j`` is summed
 by one program in a fixed order, so the gradients are deterministic (run to
@@ -30,7 +29,7 @@ dropout factor. The ``dq`` pass, which owns each edge's CSR position, writes
 (``[E, F]``, no head dimension) and sums ``d edge_query_i = sum_j ds_ij
 a_ij`` per target (split targets' partials like ``dq``). ``D_i`` then gets
 ``grad_edge_out_i . edge_out_i`` too: ``sum_j alpha_ij dalpha_ij`` over the
-whole message ``dout_i . (v_j + vb_ij) + grad_edge_out_i . a_ij``.
+whole message ``dout_i . v_j + grad_edge_out_i . a_ij``.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ from ..chunks import TritonPlan, acc_tl, chunk_range
 from ..common import Dropout, acc_dtype, check_index
 from ._launch import _check_csc, _check_edge, _check_inputs, _check_plan, _plan_now, _scales
 from ._random import _dropout_args, _keep
-from ._tiles import _NO_SPECIALISE, _blocks, _load_feats, _load_head_feats, _load_rows, _rows
+from ._tiles import _NO_SPECIALISE, _blocks, _load_feats, _load_head_feats, _load_rows
 from .forward import _fwd
 
 __all__ = ["attention_bwd"]
@@ -60,7 +59,6 @@ def _attn_bwd_dq(
     k_ptr,
     v_ptr,
     bias_ptr,
-    vb_ptr,  # [E, H, CV] value bias (unused unless HAS_VB)
     ea_ptr,  # [E, F] raw edge features (unused unless HAS_EA)
     eq_ptr,  # [N, H, F] edge queries (unused unless HAS_EQ)
     ge_ptr,  # [N, H, F] gradient of edge_out (unused unless HAS_GE)
@@ -69,7 +67,6 @@ def _attn_bwd_dq(
     delta_ptr,  # [N, H]: D = sum(dout * out) (+ sum(ge * edge_out)), computed on the host
     dq_ptr,  # [N, H, C]
     dbias_ptr,  # [E, H] (unused unless HAS_BIAS)
-    dvb_ptr,  # [E, H, CV] (unused unless HAS_VB)
     dea_ptr,  # [E, F] (unused unless HAS_DEA)
     deq_ptr,  # [N, H, F] (unused unless HAS_EQ)
     scale_ptr,
@@ -90,7 +87,6 @@ def _attn_bwd_dq(
     C: tl.constexpr,
     CV: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    HAS_VB: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     F: tl.constexpr,
     HAS_EA: tl.constexpr,
@@ -157,9 +153,7 @@ def _attn_bwd_dq(
             valid = emask[:, None] & live[None, :]
             alpha = tl.exp(tl.where(valid, s - lse_safe[None, :], float("-inf")))
             vt = _load_rows(v_ptr, j, emask, hs, hmask, CV, BLOCK_CV, H).to(ACC)
-            if HAS_VB:
-                vt += _load_rows(vb_ptr, edges, emask, hs, hmask, CV, BLOCK_CV, H).to(ACC)
-            dp = tl.sum(vt * do[None, :, :], 2)  # (BLOCK_E, BLOCK_H): dout_i . message
+            dp = tl.sum(vt * do[None, :, :], 2)  # (BLOCK_E, BLOCK_H): dout_i . v_j
             if HAS_GE:  # edge_out's gradient: grad_edge_out_i . a_ij
                 dp += tl.sum(at[:, None, :] * ge[None, :, :], 2)
             kept = alpha  # the weights the forward used
@@ -173,10 +167,6 @@ def _attn_bwd_dq(
             if HAS_BIAS:
                 db = ds.to(dbias_ptr.dtype.element_ty)
                 tl.store(dbias_ptr + edges[:, None] * H + hs[None, :], db, mask=bmask)
-            if HAS_VB:
-                offs, vmask = _rows(edges, emask, hs, hmask, CV, BLOCK_CV, H)
-                dvb = (kept[:, :, None] * do[None, :, :]).to(dvb_ptr.dtype.element_ty)
-                tl.store(dvb_ptr + offs, dvb, mask=vmask)
             if HAS_EQ:
                 deq += tl.sum(ds[:, :, None] * at[:, None, :], 0)
             if HAS_DEA:  # (implies HAS_EA)
@@ -212,7 +202,6 @@ def _attn_bwd_dkdv(
     k_ptr,
     v_ptr,
     bias_ptr,
-    vb_ptr,
     ea_ptr,  # [E, F] in CSR order: gathered by tperm (unused unless HAS_EA)
     eq_ptr,  # [N, H, F] gathered by target (unused unless HAS_EQ)
     ge_ptr,  # [N, H, F] gathered by target (unused unless HAS_GE)
@@ -224,7 +213,7 @@ def _attn_bwd_dkdv(
     scale_ptr,
     tptr_ptr,  # [M + 1] int64: the out-edges of source j are tptr[j]:tptr[j+1]
     trow_ptr,  # [E] int32 / int64: their targets
-    tperm_ptr,  # [E] int32 / int64: their CSR positions (bias, value bias, dropout)
+    tperm_ptr,  # [E] int32 / int64: their CSR positions (bias, dropout, edge features)
     chunk_ptr_ptr,
     chunk_seg_ptr,
     rank_ptr,
@@ -240,7 +229,6 @@ def _attn_bwd_dkdv(
     C: tl.constexpr,
     CV: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    HAS_VB: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     F: tl.constexpr,
     HAS_EA: tl.constexpr,
@@ -284,7 +272,7 @@ def _attn_bwd_dkdv(
             s = tl.sum(qt * k[None, :, :], 2)  # (BLOCK_E, BLOCK_H)
             bmask = emask[:, None] & hmask[None, :]
             ih = i[:, None] * H + hs[None, :]
-            if HAS_BIAS or HAS_VB or HAS_DROPOUT or HAS_EA:
+            if HAS_BIAS or HAS_DROPOUT or HAS_EA:
                 e = tl.load(tperm_ptr + t, mask=emask, other=0).to(tl.int64)  # CSR positions
             if HAS_BIAS:
                 bias = tl.load(bias_ptr + e[:, None] * H + hs[None, :], mask=bmask, other=0.0)
@@ -298,11 +286,7 @@ def _attn_bwd_dkdv(
             valid = bmask & (lse != float("-inf"))  # lse = -inf: all weights of i are 0
             alpha = tl.exp(tl.where(valid, s - tl.where(valid, lse, 0.0), float("-inf")))
             dot = _load_rows(dout_ptr, i, emask, hs, hmask, CV, BLOCK_CV, H).to(ACC)
-            if HAS_VB:
-                vbt = _load_rows(vb_ptr, e, emask, hs, hmask, CV, BLOCK_CV, H).to(ACC)
-                dp = tl.sum(dot * (v[None, :, :] + vbt), 2)
-            else:
-                dp = tl.sum(dot * v[None, :, :], 2)
+            dp = tl.sum(dot * v[None, :, :], 2)
             if HAS_GE:
                 get = _load_rows(ge_ptr, i, emask, hs, hmask, F, BLOCK_F, H).to(ACC)
                 dp += tl.sum(get * at[:, None, :], 2)
@@ -384,7 +368,6 @@ def _bwd(
     grad_out: Tensor,
     scale: float,
     bias: Tensor | None,
-    value_bias: Tensor | None,
     dropout: Dropout | None,
     pl: TritonPlan,
     pl_t: TritonPlan,
@@ -394,7 +377,7 @@ def _bwd(
 ) -> tuple[Tensor | None, ...]:
     """The backward's launches, given checked plans: no host synchronisation.
 
-    Returns the five gradients of :func:`attention_bwd`, then ``dedge_attr``
+    Returns the four gradients of :func:`attention_bwd`, then ``dedge_attr``
     and ``dedge_query`` when ``edge.attr`` is given.
     """
     n, h, c = q.shape
@@ -409,33 +392,32 @@ def _bwd(
     # edge belongs to exactly one program (or to a split row summed once).
     like = torch.zeros_like if empty else torch.empty_like
     dq, dk, dv = (like(t, memory_format=fmt) for t in (q, k, v))
-    dbias, dvb, dea, deq = (
+    dbias, dea, deq = (
         like(t, memory_format=fmt) if t is not None else None
-        for t in (bias, value_bias, ea if need_dea else None, eq)
+        for t in (bias, ea if need_dea else None, eq)
     )
     if empty:
-        return (dq, dk, dv, dbias, dvb) if ea is None else (dq, dk, dv, dbias, dvb, dea, deq)
+        return (dq, dk, dv, dbias) if ea is None else (dq, dk, dv, dbias, dea, deq)
     acc_t = acc_dtype(q.dtype)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     grad_out = grad_out.to(q.dtype).contiguous()
     lse = lse.to(acc_t).contiguous()
     # Dummy pointers (q) for the options not given: never read or written.
-    b, vb, ea_a, eq_a, ge_a, db, dvb_a, dea_a, deq_a = (
-        t.contiguous() if t is not None else q
-        for t in (bias, value_bias, ea, eq, ge, dbias, dvb, dea, deq)
+    b, ea_a, eq_a, ge_a, db, dea_a, deq_a = (
+        t.contiguous() if t is not None else q for t in (bias, ea, eq, ge, dbias, dea, deq)
     )
     scales = _scales(scale, dropout, acc_t, q.device)
-    # D_i = sum_c dout_ic out_ic (= sum_j alpha_ij dalpha_ij, with dropout and
-    # value bias too): N x H numbers, one pass over out, shared by both kernels.
+    # D_i = sum_c dout_ic out_ic (= sum_j alpha_ij dalpha_ij, with dropout
+    # too): N x H numbers, one pass over out, shared by both kernels.
     # The edge_out gradient adds its own term: sum_f ge_if edge_out_if.
     delta = (grad_out.to(acc_t) * out.to(acc_t)).sum(-1)  # (N, H)
     if ge is not None and edge.out is not None:
         delta = delta + (ge.to(acc_t) * edge.out.to(acc_t)).sum(-1)
     delta = delta.contiguous()
     consts = dict(
-        H=h, C=c, CV=cv, HAS_BIAS=bias is not None, HAS_VB=value_bias is not None,
-        HAS_DROPOUT=dropout is not None, ACC=acc_tl(q.dtype), F=nf, HAS_EA=ea is not None,
-        HAS_EQ=eq is not None, HAS_GE=ge is not None,
+        H=h, C=c, CV=cv, HAS_BIAS=bias is not None, HAS_DROPOUT=dropout is not None,
+        ACC=acc_tl(q.dtype), F=nf, HAS_EA=ea is not None, HAS_EQ=eq is not None,
+        HAS_GE=ge is not None,
     )  # fmt: skip
     drop = _dropout_args(dropout)
 
@@ -448,9 +430,9 @@ def _bwd(
     if eq is not None:
         part_eq = torch.empty((ch.split_grid, h, nf), dtype=acc_t, device=q.device)
     _attn_bwd_dq[(ch.grid,)](
-        q, k, v, b, vb, ea_a, eq_a, ge_a, grad_out, lse, delta, dq, db, dvb_a, dea_a, deq_a,
-        scales, pl.ptr, pl.col, ch.chunk_ptr, ch.chunk_seg, ch.rank, part, part_eq, n, ch.grid,
-        *drop, num_warps=blk.num_warps, HAS_DEA=dea is not None, **consts, **blocks,
+        q, k, v, b, ea_a, eq_a, ge_a, grad_out, lse, delta, dq, db, dea_a, deq_a, scales, pl.ptr,
+        pl.col, ch.chunk_ptr, ch.chunk_seg, ch.rank, part, part_eq, n, ch.grid, *drop,
+        num_warps=blk.num_warps, HAS_DEA=dea is not None, **consts, **blocks,
     )  # fmt: skip
     if e > pl.chunk:
         _sum_split(pl, part, dq, scales, True, consts["ACC"])
@@ -465,7 +447,7 @@ def _bwd(
         part_k = torch.empty((ch.split_grid, h, c), dtype=acc_t, device=q.device)
         part_v = torch.empty((ch.split_grid, h, cv), dtype=acc_t, device=q.device)
         _attn_bwd_dkdv[(ch.grid,)](
-            q, k, v, b, vb, ea_a, eq_a, ge_a, grad_out, lse, delta, dk, dv, scales, pl_t.ptr,
+            q, k, v, b, ea_a, eq_a, ge_a, grad_out, lse, delta, dk, dv, scales, pl_t.ptr,
             pl_t.col, tperm, ch.chunk_ptr, ch.chunk_seg, ch.rank, part_k, part_v, m, ch.grid,
             *drop, num_warps=blk.num_warps, **consts, **blocks,
         )  # fmt: skip
@@ -473,8 +455,8 @@ def _bwd(
             _sum_split(pl_t, part_k, dk, scales, True, consts["ACC"])
             _sum_split(pl_t, part_v, dv, scales, False, consts["ACC"])
     if ea is None:
-        return dq, dk, dv, dbias, dvb
-    return dq, dk, dv, dbias, dvb, dea, deq
+        return dq, dk, dv, dbias
+    return dq, dk, dv, dbias, dea, deq
 
 
 def _sum_split(
@@ -500,7 +482,6 @@ def attention_bwd(
     scale: float,
     bias: Tensor | None = None,
     *,
-    value_bias: Tensor | None = None,
     dropout: Dropout | None = None,
     csc: tuple[Tensor, Tensor, Tensor] | None = None,
     plan: TritonPlan | None = None,
@@ -513,8 +494,8 @@ def attention_bwd(
     split_blocks: int | None = None,
     edge_out: Tensor | None = None,
 ) -> tuple[Tensor | None, ...]:
-    """Gradients of :func:`.attention_fwd` w.r.t. ``q``, ``k``, ``v``, ``bias``, ``value_bias``
-    (and ``edge_attr``, ``edge_query``).
+    """Gradients of :func:`.attention_fwd` w.r.t. ``q``, ``k``, ``v``, ``bias`` (and
+    ``edge_attr``, ``edge_query``).
 
     Args:
         q: ``[N, H, C]``, as in the forward.
@@ -528,7 +509,6 @@ def attention_bwd(
         col: ``[E]`` int32/int64 sources.
         scale: as in the forward.
         bias: the forward's ``[E, H]`` bias, or ``None``.
-        value_bias: the forward's ``[E, H, Cv]`` value bias, or ``None``.
         dropout: the forward's dropout (the same key: the mask is regenerated).
         csc: the transposed CSR ``(tptr, trow, tperm)`` of the graph
             (:attr:`gnnattn.AttentionGraph.csc`); built here when not given
@@ -551,15 +531,14 @@ def attention_bwd(
             ``out`` (one more forward) when ``grad_edge_out`` is given without it.
 
     Returns:
-        ``dq``, ``dk``, ``dv`` (typed like ``q``, ``k``, ``v``), ``dbias``
-        ``[E, H]`` (typed like ``bias``; ``None`` without a bias) and
-        ``dvalue_bias`` ``[E, H, Cv]`` (typed like ``value_bias``; ``None``
-        without one); with ``edge_attr`` also ``dedge_attr`` ``[E, F]``
+        ``dq``, ``dk``, ``dv`` (typed like ``q``, ``k``, ``v``) and ``dbias``
+        ``[E, H]`` (typed like ``bias``; ``None`` without a bias); with
+        ``edge_attr`` six results: these four, then ``dedge_attr`` ``[E, F]``
         (typed like ``edge_attr``; ``None`` without ``need_dedge_attr``) and
         ``dedge_query`` ``[N, H, F]`` (typed like ``edge_query``; ``None``
         without one).
     """
-    _check_inputs(q, k, v, ptr, col, bias, value_bias, dropout)
+    _check_inputs(q, k, v, ptr, col, bias, dropout)
     _check_edge(q, col.numel(), edge_attr, edge_query, grad_edge_out, edge_out)
     n, h, c = q.shape
     m, cv = k.shape[0], v.shape[2]
@@ -581,7 +560,7 @@ def attention_bwd(
             tr = transpose_csr(plan.ptr, plan.col, m)
             csc = (tr.ptr, tr.row, tr.perm)
         tptr, trow, tperm = _check_csc(csc, m, e, q.device)
-        check_index(tperm, e, "csc")  # positions index bias and value bias: checked too
+        check_index(tperm, e, "csc")  # positions index bias and edge features: checked too
         csc_plan = _plan_now(tptr, trow, n, dims, block_e, split_blocks)
     else:
         csc_plan = _check_plan(csc_plan, "csc_plan", m, e, n, q.device, split_blocks)
@@ -590,11 +569,10 @@ def attention_bwd(
         tperm = _check_csc(csc, m, e, q.device)[2]
     if out is None or (grad_edge_out is not None and edge_out is None):
         # D_i needs the outputs the caller did not keep: one more forward.
-        fwd = _fwd(q, k, v, scale, bias, value_bias, dropout, plan, block_e, edge_attr, edge_query)
+        fwd = _fwd(q, k, v, scale, bias, dropout, plan, block_e, edge_attr, edge_query)
         out = fwd[0] if out is None else out
         edge_out = fwd[2] if edge_out is None else edge_out
     edge = _Edge(edge_attr, edge_query, grad_edge_out, edge_out, need_dedge_attr)
     return _bwd(
-        q, k, v, out, lse, grad_out, scale, bias, value_bias, dropout, plan, csc_plan, tperm,
-        block_e, edge,
-    )  # fmt: skip
+        q, k, v, out, lse, grad_out, scale, bias, dropout, plan, csc_plan, tperm, block_e, edge
+    )

@@ -41,7 +41,6 @@ def _attn_fwd(
     k_ptr,  # [M, H, C]
     v_ptr,  # [M, H, CV]
     bias_ptr,  # [E, H] (unused unless HAS_BIAS)
-    vb_ptr,  # [E, H, CV] value bias (unused unless HAS_VB)
     ea_ptr,  # [E, F] raw edge features (unused unless HAS_EA)
     eq_ptr,  # [N, H, F] edge queries (unused unless HAS_EQ)
     out_ptr,  # [N, H, CV]
@@ -67,7 +66,6 @@ def _attn_fwd(
     C: tl.constexpr,
     CV: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    HAS_VB: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     F: tl.constexpr,
     HAS_EA: tl.constexpr,
@@ -132,8 +130,6 @@ def _attn_fwd(
                 keep = _keep(edges, hs, H, seed_lo, seed_hi, drop_offset, drop_threshold)
                 p = p * (keep.to(ACC) * drop_scale)
             vt = _load_rows(v_ptr, j, emask, hs, hmask, CV, BLOCK_CV, H).to(ACC)
-            if HAS_VB:
-                vt += _load_rows(vb_ptr, edges, emask, hs, hmask, CV, BLOCK_CV, H).to(ACC)
             acc = acc * corr[:, None] + tl.sum(p[:, :, None] * vt, 0)
             if HAS_EA:
                 eacc = eacc * corr[:, None] + tl.sum(p[:, :, None] * at[:, None, :], 0)
@@ -249,7 +245,6 @@ def _fwd(
     v: Tensor,
     scale: float,
     bias: Tensor | None,
-    value_bias: Tensor | None,
     dropout: Dropout | None,
     pl: TritonPlan,
     block_e: int | None,
@@ -275,7 +270,6 @@ def _fwd(
     ch = pl.chunks
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     b = bias.contiguous() if bias is not None else q  # a dummy pointer, never read
-    vb = value_bias.contiguous() if value_bias is not None else q  # likewise
     ea = edge_attr.contiguous() if edge_attr is not None else q  # likewise
     eq = edge_query.contiguous() if edge_query is not None else q  # likewise
     eo_arg = eo if eo is not None else out  # never written without HAS_EA
@@ -289,11 +283,11 @@ def _fwd(
     shape = dict(H=h, CV=cv, F=nf, HAS_EA=edge_attr is not None, ACC=acc_tl(q.dtype))
     blocks = dict(BLOCK_H=blk.block_h, BLOCK_CV=blk.block_cv, BLOCK_F=blk.block_f)
     _attn_fwd[(ch.grid,)](
-        q, k, v, b, vb, ea, eq, out, lse, eo_arg, scales, pl.ptr, pl.col, ch.chunk_ptr,
-        ch.chunk_seg, ch.rank, part_m, part_l, part_acc, part_eo, n, ch.grid,
-        *_dropout_args(dropout), C=c, HAS_BIAS=bias is not None, HAS_VB=value_bias is not None,
-        HAS_DROPOUT=dropout is not None, HAS_EQ=edge_query is not None, BLOCK_E=blk.block_e,
-        BLOCK_C=blk.block_c, CHUNK=pl.chunk, num_warps=blk.num_warps, **shape, **blocks,
+        q, k, v, b, ea, eq, out, lse, eo_arg, scales, pl.ptr, pl.col, ch.chunk_ptr, ch.chunk_seg,
+        ch.rank, part_m, part_l, part_acc, part_eo, n, ch.grid, *_dropout_args(dropout), C=c,
+        HAS_BIAS=bias is not None, HAS_DROPOUT=dropout is not None, HAS_EQ=edge_query is not None,
+        BLOCK_E=blk.block_e, BLOCK_C=blk.block_c, CHUNK=pl.chunk, num_warps=blk.num_warps,
+        **shape, **blocks,
     )  # fmt: skip
     if pl.num_edges > pl.chunk:  # otherwise no target can have two chunks
         _attn_fwd_combine[(ch.split_grid,)](
@@ -312,7 +306,6 @@ def attention_fwd(
     scale: float,
     bias: Tensor | None = None,
     *,
-    value_bias: Tensor | None = None,
     dropout: Dropout | None = None,
     plan: TritonPlan | None = None,
     edge_attr: Tensor | None = None,
@@ -330,7 +323,6 @@ def attention_fwd(
         col: ``[E]`` int32/int64 source of each edge.
         scale: multiplies ``q . k``.
         bias: optional ``[E, H]`` additive score bias (``-inf`` masks an edge).
-        value_bias: optional ``[E, H, Cv]`` added to ``v_j`` on each edge.
         dropout: optional attention dropout (:class:`~gnnattn.kernels.common.Dropout`).
         plan: :func:`~gnnattn.kernels.chunks.plan` of ``(ptr, col, M)``: then nothing is read on the
             host and the call never synchronises; its ``ptr``/``col`` are the
@@ -354,13 +346,12 @@ def attention_fwd(
         ValueError: on shapes that do not fit, another device, ``ptr`` that
             does not describe ``E`` edges or ``col`` ids out of range.
     """
-    _check_inputs(q, k, v, ptr, col, bias, value_bias, dropout)
+    _check_inputs(q, k, v, ptr, col, bias, dropout)
     _check_edge(q, col.numel(), edge_attr, edge_query)
     n, m = q.shape[0], k.shape[0]
     if plan is None:
         plan = _plan_now(ptr, col, m, (q.shape[1], q.shape[2], v.shape[2]), block_e, split_blocks)
     else:
         plan = _check_plan(plan, "plan", n, col.numel(), m, q.device, split_blocks)
-    out, lse, eo = _fwd(q, k, v, scale, bias, value_bias, dropout, plan, block_e, edge_attr,
-                        edge_query)  # fmt: skip
+    out, lse, eo = _fwd(q, k, v, scale, bias, dropout, plan, block_e, edge_attr, edge_query)
     return (out, lse) if eo is None else (out, lse, eo)
