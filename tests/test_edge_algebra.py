@@ -250,7 +250,7 @@ def test_fused_edge_features_pass_gradcheck():
     assert torch.autograd.gradcheck(f, ins)
 
 
-def test_edge_features_route_away_from_sdpa_and_kernels_without_them():
+def test_edge_features_route_away_from_sdpa_and_kernels_without_them(monkeypatch):
     q, k, v, _, ea, wk, wv = op_inputs(n=4, m=4)
     graph = AttentionGraph.complete(4)
     ea = ea[:16]
@@ -260,25 +260,20 @@ def test_edge_features_route_away_from_sdpa_and_kernels_without_them():
         backend_for(q, graph, backend="sdpa", edge_attr=True)
     r = gnnattn.attention(q, k, v, graph, edge_attr=ea, edge_value=wv, need_weights=True)
     assert r.backend == "fused"
-    # A kernel module without the option (none ships one now): "mp", with the reason.
+    # A fused backend declared without the option: "auto" takes "mp" and says why,
+    # and asking for "fused" by name is refused.
+    import types
+
     import gnnattn.ops.choice as choice_mod
 
-    class NoEdges:
-        __name__ = "no_edges"
-
-        @staticmethod
-        def attention_fwd(q, k, v, ptr, col, scale, bias=None, *, dropout=None):
-            raise AssertionError
-
-    orig = choice_mod.kernels.get
-    try:
-        choice_mod.kernels.get = lambda device: NoEdges  # type: ignore[assignment]
-        for asked in ("auto", "fused"):
-            c = backend_for(q, AttentionGraph(torch.tensor([[0], [1]]), 4), backend=asked,
-                            edge_attr=True)  # fmt: skip
-            assert c.backend == "mp" and "edge_attr" in c.reason
-    finally:
-        choice_mod.kernels.get = orig
+    decl = dict(choice_mod.DECLARATIONS)
+    decl["fused"] = decl["fused"]._replace(options=decl["fused"].options - {"edge_attr"})
+    monkeypatch.setattr(choice_mod, "DECLARATIONS", types.MappingProxyType(decl))
+    sparse = AttentionGraph(torch.tensor([[0], [1]]), 4)
+    c = backend_for(q, sparse, edge_attr=True)
+    assert c.backend == "mp" and "edge features" in c.reason
+    with pytest.raises(ValueError, match="backend='fused' does not take edge features"):
+        backend_for(q, sparse, backend="fused", edge_attr=True)
 
 
 def test_edge_arguments_are_checked():

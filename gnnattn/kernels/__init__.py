@@ -1,38 +1,39 @@
-"""Compiled kernels and their pure-torch references.
+"""Compiled kernels, their pure-torch references, and the operators that call them.
 
 Every kernel module implements the functions of
 :mod:`gnnattn.kernels.reference` with the same signatures and results:
 
 * ``plan(ptr, col, num_cols)``: check a CSR once and make its work split;
-  the result is passed back as ``plan=`` (the graph object keeps it);
+  ``plan_tensors`` / ``plan_from_tensors`` (compiled modules): the same as
+  one int64 tensor, which the graph object keeps and the operators take;
 * ``segment_softmax_fwd(src, ptr)`` / ``segment_softmax_bwd(y, grad, ptr)``;
-* ``attention_fwd(q, k, v, ptr, col, scale, bias=None, *, value_bias=None,
-  dropout=None, plan=None) -> (out, lse)``;
+* ``attention_fwd(q, k, v, ptr, col, scale, bias=None, *, dropout=None,
+  plan=None) -> (out, lse)``;
 * ``attention_bwd(q, k, v, out, lse, grad_out, ptr, col, scale, bias=None, *,
-  value_bias=None, dropout=None, csc=None, plan=None, csc_plan=None)
-  -> (dq, dk, dv, dbias, dvalue_bias)``.
+  dropout=None, csc=None, plan=None, csc_plan=None) -> (dq, dk, dv, dbias)``;
+* ``BACKWARD_READS_OUTPUT``: whether ``attention_bwd`` reads ``out``.
 
-Raw edge features (the reference and the CPU kernels; not the Triton ones
-yet, which :func:`gnnattn.backend_for` knows by their signature): two more
-keyword-only options, ``edge_attr`` ``[E, F]`` (CSR order, read per edge,
-never gathered) and ``edge_query`` ``[N, H, F]`` (optional: adds
-``edge_query_i^h . edge_attr_ij`` to the score, unscaled). The results grow
-only when ``edge_attr`` is given, so every existing call is unchanged:
+Raw edge features: two more keyword-only options, ``edge_attr`` ``[E, F]``
+(CSR order, read per edge, never gathered) and ``edge_query`` ``[N, H, F]``
+(optional: adds ``edge_query_i^h . edge_attr_ij`` to the score, unscaled).
+The results grow only when ``edge_attr`` is given:
 
 * ``attention_fwd(..., edge_attr=, edge_query=None) -> (out, lse, edge_out)``
   with ``edge_out`` ``[N, H, F] = sum_j P_ij edge_attr_ij`` (``P`` the
   weights after dropout, those that multiply ``v``);
 * ``attention_bwd(..., edge_attr=, edge_query=None, grad_edge_out=None)
-  -> (dq, dk, dv, dbias, dvalue_bias, dedge_attr, dedge_query)`` with
-  ``grad_edge_out`` the gradient of ``edge_out`` (``None``: zero),
-  ``dedge_attr`` ``[E, F]`` (summed over heads) and ``dedge_query``
-  ``[N, H, F]`` (``None`` without ``edge_query``).
+  -> (dq, dk, dv, dbias, dedge_attr, dedge_query)`` with ``grad_edge_out``
+  the gradient of ``edge_out`` (``None``: zero), ``dedge_attr`` ``[E, F]``
+  (summed over heads) and ``dedge_query`` ``[N, H, F]`` (``None`` without
+  ``edge_query``).
 
 :mod:`gnnattn.kernels.common` holds the rules they share (accumulation dtype,
 index checks, the dropout stream). :mod:`gnnattn.kernels.cpu` compiles them
 with numba, the ``triton_*`` modules with Triton for CUDA. Those modules are
 imported lazily, by :func:`get`, so that importing gnnattn never compiles
-anything and works without numba or triton.
+anything and works without numba or triton. :mod:`gnnattn.kernels.library`
+registers the entry points as PyTorch operators (``torch.ops.gnnattn.*``),
+which is how everything above this package calls them.
 """
 
 from __future__ import annotations

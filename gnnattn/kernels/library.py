@@ -42,12 +42,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import get
 from .common import Dropout, acc_dtype
 
 __all__ = ["draw_key", "dropout_of", "plan_from_tensors", "plan_tensors"]
 
 _OFFSET_MASK = 0x7FFF_FFFF
+
+
+def get(device: torch.device) -> Any:
+    """The kernel module of ``device`` (:func:`gnnattn.kernels.get`, looked up per call)."""
+    from . import get as kernel_module
+
+    return kernel_module(device)
 
 
 def draw_key() -> Tensor:
@@ -145,8 +151,8 @@ def attention_fwd(
     """``(out [N, H, Cv], lse [N, H], edge_out [N, H, F])`` over the CSR ``(ptr, col)``.
 
     The transposed CSR and its plan are not read here: they are the
-    backward's layout, inputs so that the registered autograd can reach them. ``edge_out`` is ``[N, H, 0]``
-    without ``edge_attr``.
+    backward's layout, inputs so that the registered autograd can reach them.
+    ``edge_out`` is ``[N, H, 0]`` without ``edge_attr``.
     """
     kern = get(q.device)
     pl = plan_from_tensors(kern, ptr, col, k.shape[0], plan, None)
@@ -269,9 +275,10 @@ def _attention_bwd_fake(
 def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
     q, k, v, ptr, col, plan, tptr, trow, tperm, csc_plan, bias, ea, eq, key, scale, p = inputs
     out, lse, eo = output
-    # The CPU kernels' backward recomputes D_i from the edges: the output is not
-    # kept (at N = 1M, embed 128, 0.5 GB less at the backward's peak).
-    keep_out = q.device.type != "cpu"
+    # A kernel module declares whether its backward reads the forward's output:
+    # the CPU kernels' recompute D_i from the edges, so theirs is not kept (at
+    # N = 1M, embed 128, 0.5 GB less at the backward's peak).
+    keep_out = getattr(get(q.device), "BACKWARD_READS_OUTPUT", True)
     ctx.save_for_backward(
         q, k, v, ptr, col, plan, tptr, trow, tperm, csc_plan, bias, ea, eq, key,
         out if keep_out else None, lse, eo if keep_out and ea is not None else None,

@@ -50,6 +50,7 @@ from ..graphs.csr import segment_ids
 from .common import Dropout, check_index, check_ptr, dropout_keep
 
 __all__ = [
+    "BACKWARD_READS_OUTPUT",
     "Checked",
     "attention_bwd",
     "attention_fwd",
@@ -69,6 +70,10 @@ __all__ = [
     "segment_softmax_fwd",
     "segment_sum",
 ]
+
+#: Whether ``attention_bwd`` reads the forward's ``out`` (and ``edge_out``): no, it
+#: recomputes ``D_i`` from the edges, so the operator does not keep them.
+BACKWARD_READS_OUTPUT = False
 
 
 def segment_max(src: Tensor, index: Tensor, n: int) -> Tensor:

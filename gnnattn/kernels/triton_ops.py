@@ -25,6 +25,7 @@ from .triton_attention import attention_bwd, attention_fwd
 from .triton_softmax import segment_softmax_bwd, segment_softmax_fwd
 
 __all__ = [
+    "BACKWARD_READS_OUTPUT",
     "TritonPlan",
     "attention_bwd",
     "attention_fwd",
@@ -34,3 +35,7 @@ __all__ = [
     "segment_softmax_bwd",
     "segment_softmax_fwd",
 ]
+
+#: Whether ``attention_bwd`` reads the forward's ``out`` (and ``edge_out``): yes, it
+#: takes ``D_i`` from them, so the operator keeps them for it.
+BACKWARD_READS_OUTPUT = True

@@ -18,8 +18,9 @@ anything else                               ``"mp"`` (message passing, the refer
 The same inside ``torch.compile`` and ``torch.export`` (the kernels are
 operators, :mod:`gnnattn.kernels.library`), except for a batch of blocks of
 different lengths, which takes ``"fused"`` there: SDPA runs such a batch in
-buckets, one call each, a Python structure that would recompile per batch. An explicit backend is taken as
-asked, or refused with a ``ValueError`` that says why.
+buckets, one call each, a Python structure that would recompile per batch.
+An explicit backend is taken as asked, or refused with a ``ValueError`` that
+says why.
 """
 
 from __future__ import annotations
@@ -182,12 +183,13 @@ def backend_for(
         s = None
     if s is not None and (s.kind in ("complete", "causal") or graph.density > 0.25):
         return BackendChoice("sdpa", f"{s.kind.replace('_', ' ')} graph: the dense SDPA kernel")
-    fused = DECLARATIONS["fused"].devices
-    if fused is not None and q.device.type in fused:
+    devices = DECLARATIONS["fused"].devices
+    why = _refusal("fused", graph, options)
+    if devices is not None and q.device.type not in devices:
+        why = f"has no compiled kernel for {q.device.type} (numba or triton is not installed)"
+    if why is None:
         return BackendChoice("fused", f"sparse graph: the fused {q.device.type} kernel")
-    choice = BackendChoice(
-        "mp", f"no compiled kernel for {q.device.type} (numba or triton is not installed)"
-    )
+    choice = BackendChoice("mp", f"the fused kernel {why}: the message-passing path")
     if graph.num_edges > _WARN_EDGES and not torch.compiler.is_compiling():
         _warn_once(graph, choice)
     return choice

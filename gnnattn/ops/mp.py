@@ -7,8 +7,9 @@ r"""The ``"mp"`` backend: attention as PyG message passing, the reference.
 
 with the dropout factor :math:`m_{ij}` (0, or :math:`1/(1-p)` where the
 stream keeps the edge) and the edge features' value term
-:math:`e_{ij} = W_v a_{ij}`. Every other backend is tested equal to this one. It materialises ``|E| x C`` tensors (the gathered
-keys, values and messages), as PyG's ``TransformerConv`` does.
+:math:`e_{ij} = W_v a_{ij}`. Every other backend is tested equal to this
+one. It materialises ``|E| x C`` tensors (the gathered keys, values and
+messages), as PyG's ``TransformerConv`` does.
 """
 
 from __future__ import annotations

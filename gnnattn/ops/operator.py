@@ -241,10 +241,16 @@ def attention(
         edge_attr=edge_attr is not None,
     )  # fmt: skip
     name = choice.backend
-    if backend == "auto" and name == "sdpa" and not _sdpa_safe(q, k, v):
+    if name == "sdpa" and not _sdpa_safe(q, k, v):
         # SDPA's CPU kernels turn a NaN query row into zeros, and its dense
         # product spreads a NaN value to targets that have no edge from it:
         # both break the non-finite contract, which the fused kernels keep.
+        if backend == "sdpa":
+            raise ValueError(
+                "backend='sdpa' takes finite q, k and v only (SDPA's kernels would zero a NaN "
+                "query row and spread a NaN value to targets without its edge); got a "
+                "non-finite value. Use 'auto' or 'fused', which keep the non-finite rules."
+            )
         name = "fused"
     key = draw_key() if p > 0 and name != "sdpa" else None
     args = AttentionArgs(

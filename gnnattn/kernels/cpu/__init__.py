@@ -65,6 +65,7 @@ from .plans import CPUPlan, plan, plan_from_tensors, plan_tensors
 from .softmax import segment_ptr, segment_softmax_bwd, segment_softmax_fwd
 
 __all__ = [
+    "BACKWARD_READS_OUTPUT",
     "CPUPlan",
     "attention_bwd",
     "attention_bwd_dst",
@@ -82,3 +83,7 @@ __all__ = [
     "segment_softmax_bwd",
     "segment_softmax_fwd",
 ]
+
+#: Whether ``attention_bwd`` reads the forward's ``out`` (and ``edge_out``): no, it
+#: recomputes ``D_i`` from the edges, so the operator does not keep them.
+BACKWARD_READS_OUTPUT = False
