@@ -46,6 +46,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "check_nodes": 20_000,
         "opt_graph": (1 << 19, 32, 8, 64),  # N, degree, heads, head dim
         "big_softmax": True,
+        "compile_graph": (50_000, 16),  # the train suite's kNN graph: nodes, neighbours
         "reps": 10,
     },
     "dry": {
@@ -59,6 +60,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "check_nodes": 48,
         "opt_graph": (16, 6, 2, 16),
         "big_softmax": False,
+        "compile_graph": (300, 8),
         "reps": 1,
     },
 }
@@ -559,7 +561,112 @@ def section_registers(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str
     return {"kernels": kernels}
 
 
-SECTIONS = ("tests", "softmax", "attention", "options", "correctness", "registers")
+def section_compile(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, Any]:
+    """``torch.compile`` and ``torch.export`` on the kernels' operators (Triton on CUDA): the
+    ``train`` suite's step eager vs compiled, their parity, the fused op in the compiled
+    graph, and an AOTInductor package round trip."""
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+
+    from gnnattn.bench.suites.train import NodeClassifier, _data
+    from gnnattn.nn import GraphTransformer
+
+    n, k = sizes["compile_graph"]
+    dev = torch.device(device)
+    data = _data(n, k, dev, torch.Generator().manual_seed(1))
+    data.graph.prepare()
+    torch.manual_seed(0)
+    eager = NodeClassifier(0.1).to(dev).train()
+    twin = copy.deepcopy(eager)
+    seen: set[Any] = set()
+
+    def spy(gm: Any, example: Any) -> Any:
+        seen.update(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example)
+
+    compiled = torch.compile(twin, fullgraph=True, backend=spy)
+    opts = {id(m): torch.optim.Adam(m.parameters(), lr=1e-3) for m in (eager, twin)}
+
+    def step(model: Any, owner: Any) -> Any:
+        opt = opts[id(owner)]
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(data.x, data.graph, data.edge_attr), data.y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    t0 = time.perf_counter()
+    step(compiled, twin)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    first_s = time.perf_counter() - t0
+    timer = Timer(device, sizes["reps"])
+    eager_s = timer(lambda: step(eager, eager))
+    compiled_s = timer(lambda: step(compiled, twin))
+    res: dict[str, Any] = {
+        "N": n, "E": data.graph.num_edges, "first_call_s": first_s,
+        "eager_step_ms": eager_s * 1e3, "compiled_step_ms": compiled_s * 1e3,
+        "ratio_compiled_vs_eager": compiled_s / eager_s,
+        "fused_op_in_compiled_graph": any("gnnattn.attention_fwd" in t for t in seen),
+    }  # fmt: skip
+    # Parity: the same weights in eval mode (no dropout), compiled against eager.
+    twin.load_state_dict(eager.state_dict())
+    eager.eval(), twin.eval()
+    with torch.no_grad():
+        want = eager(data.x, data.graph, data.edge_attr)
+        got = compiled(data.x, data.graph, data.edge_attr)
+    res["compiled_max_abs_diff"] = float((got - want).abs().max())
+
+    class Served(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = GraphTransformer(2, 64, 4, edge_dim=4, edge_value=True)
+
+        def forward(self, x: Any, edge_index: Any, edge_attr: Any) -> Any:
+            return self.encoder(x, edge_index, edge_attr)
+
+    served = Served().to(dev).eval()
+    ei, x = data.graph.edge_index, torch.randn(n, 64, device=dev)
+    nodes, edges = torch.export.Dim("nodes", min=2), torch.export.Dim("edges", min=2)
+    try:
+        ep = torch.export.export(
+            served, (x, ei, data.edge_attr), dynamic_shapes=({0: nodes}, {1: edges}, {0: edges})
+        )
+        with torch.no_grad():
+            want = served(x, ei, data.edge_attr)
+            res["export_max_abs_diff"] = float(
+                (ep.module()(x, ei, data.edge_attr) - want).abs().max()
+            )
+            path = torch._inductor.aoti_compile_and_package(
+                ep, package_path=os.path.join(os.environ.get("OUT", "."), "served.pt2")
+            )
+            loaded = torch._inductor.aoti_load_package(path)
+            res["aoti_max_abs_diff"] = float((loaded(x, ei, data.edge_attr) - want).abs().max())
+    except Exception as err:  # noqa: BLE001 - recorded, the probe goes on
+        res["export_error"] = f"{type(err).__name__}: {str(err)[:500]}"
+    # The operators' registration on this device: opcheck of the fused op (fake
+    # kernel, autograd, AOT dispatch), on the graph above at a small width.
+    from gnnattn.kernels.library import draw_key
+
+    g, h = data.graph, 2
+    q, kk, vv = (torch.randn(g.num_dst, h, 8, device=dev, requires_grad=True) for _ in range(3))
+    ptr, col = g.kernel_layout("csr")
+    tptr, trow, tperm = g.kernel_layout("csc")
+    args = (q, kk, vv, ptr, col, g.kernel_plan("csr"), tptr, trow, tperm, g.kernel_plan("csc"),
+            None, None, None, draw_key(), 0.35, 0.1)  # fmt: skip
+    try:
+        torch.library.opcheck(torch.ops.gnnattn.attention_fwd.default, args)
+        res["opcheck_attention_fwd"] = "ok"
+    except Exception as err:  # noqa: BLE001 - recorded, the probe goes on
+        res["opcheck_attention_fwd"] = f"{type(err).__name__}: {str(err)[:500]}"
+    return res
+
+
+SECTIONS = ("tests", "softmax", "attention", "options", "correctness", "registers", "compile")
 
 
 def main() -> int:

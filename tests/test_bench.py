@@ -8,6 +8,24 @@ from gnnattn.bench import SUITES, default_suites
 from gnnattn.cli import main
 
 
+@pytest.mark.slow
+def test_bench_compile_suite_runs_every_row(tmp_path, capsys):
+    """``--suite compile``: eager against compiled, and PyG against both on small graphs;
+    every row ran and has a ratio to its baseline, and the compiled rows say their
+    compile time."""
+    path = tmp_path / "compile.json"
+    assert main(["bench", "--suite", "compile", "--quick", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert len(rows) == 2 + 2 + 2 * 3  # train, sparse layer: 2 rows; TC, GPS: 3 at one size
+    for r in rows:
+        assert r["status"] == "ok" and r["ratio"] is not None and r["median_ms"] > 0, r
+    compiled = [r for r in rows if r["candidate"] == "gnnattn torch.compile"]
+    assert len(compiled) == 4 and all("first call" in r["note"] for r in compiled)
+    assert {r["baseline"] for r in rows} == {
+        "gnnattn eager", "PyG TransformerConv", "PyG GPSConv"
+    }  # fmt: skip
+
+
 def test_bench_quick_writes_json(tmp_path, capsys):
     path = tmp_path / "bench.json"
     assert main(["bench", "--quick", "--json", str(path)]) == 0
@@ -18,7 +36,7 @@ def test_bench_quick_writes_json(tmp_path, capsys):
     assert out.count("--quick: smoke-test sizes") == 2 and "NOT meaningful" in out
 
     result = json.loads(path.read_text())
-    quick = [s for s in SUITES if s not in ("scale", "distributed")]
+    quick = [s for s in SUITES if s not in ("scale", "distributed", "compile")]
     assert result["suites"] == quick == list(default_suites())
     assert result["machine"]["torch"] and result["machine"]["threads"] >= 1
     assert "loadavg" in result["machine"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("tests", "softmax", "attention", "options", "correctness", "registers")
+SECTIONS = ("tests", "softmax", "attention", "options", "correctness", "registers", "compile")
 
 
 @pytest.mark.slow
@@ -28,7 +28,7 @@ def test_gpu_probe_dry_run_writes_every_section(tmp_path):
         start_new_session=True,  # a timeout kills every process the probe started
     )
     try:
-        out, _ = proc.communicate(timeout=420)
+        out, _ = proc.communicate(timeout=600)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
@@ -49,6 +49,10 @@ def test_gpu_probe_dry_run_writes_every_section(tmp_path):
     expected = {"plain", "dropout", "edge_attr_F16"}
     assert set(options["fwdbwd"]) == expected
     assert all("fwdbwd_ms" in row for row in options["fwdbwd"].values()), options
+    compiled = json.loads((tmp_path / "compile.json").read_text())
+    assert compiled["fused_op_in_compiled_graph"] is True, compiled
+    assert compiled["compiled_max_abs_diff"] < 1e-4 and compiled["export_max_abs_diff"] < 1e-4
+    assert compiled["aoti_max_abs_diff"] < 1e-4 and compiled["opcheck_attention_fwd"] == "ok"
     softmax = json.loads((tmp_path / "softmax.json").read_text())
     assert {r["graph"] for r in softmax["rows"]} == {"degree 32", "hub"}
     assert all("error" not in r for r in softmax["rows"])

@@ -571,6 +571,7 @@ def test_cpu_has_the_reference_api():
     assert sorted(cpu.__all__) == sorted(
         [
             *names,
+            "BACKWARD_READS_OUTPUT",
             "CPUPlan",
             "attention_bwd_dst",
             "attention_bwd_src",

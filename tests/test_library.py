@@ -133,3 +133,21 @@ def test_dropout_ops_mask_like_the_reference_stream() -> None:
     torch.testing.assert_close(torch.ops.gnnattn.dropout(x, key, 0.3), want, atol=0, rtol=0)
     keep = torch.ops.gnnattn.dropout_bits(torch.arange(450), key).view(50, 9) >= round(0.3 * 2**24)
     torch.testing.assert_close(want != 0, keep & (x != 0))
+
+
+def test_triton_plan_tensors_round_trip() -> None:
+    """The chunk tables packed into one tensor come back as the plan they were made from
+    (their lengths follow from N, E and the chunk, so no host read is needed)."""
+    pytest.importorskip("triton")
+    from gnnattn.kernels import chunks
+
+    for name, (ei, n, m) in _graphs().items():
+        graph = AttentionGraph(ei, n, num_src=m if m != n else None)
+        ptr, col = graph.csr.ptr, graph.csr.col.long()
+        want = chunks.plan(ptr, col, m)
+        got = chunks.plan_from_tensors(ptr, col, m, chunks.plan_tensors(ptr, col, m))
+        assert (got.num_rows, got.num_edges, got.num_cols, got.chunk) == (
+            want.num_rows, want.num_edges, want.num_cols, want.chunk
+        ), name  # fmt: skip
+        for a, b in zip(got.chunks, want.chunks, strict=True):
+            assert a == b if isinstance(a, int) else torch.equal(a, b), name

@@ -114,15 +114,16 @@ def check_backend(backend: str) -> str:
 def _refusal(name: str, graph: AttentionGraph, options: frozenset[str]) -> str | None:
     """Why the declared backend ``name`` cannot run this call, or ``None`` when it can."""
     decl = DECLARATIONS[name]
-    missing = sorted(options - decl.options)
+    missing = options - decl.options
+    if "bipartite" in missing:
+        return "does not do cross-attention (a pair (x_src, x_dst) or a bipartite graph)"
+    what = {
+        "score_bias": "per-edge score biases",
+        "edge_attr": "edge features (edge_attr)",
+        "dropout": "attention dropout",
+    }
     if missing:
-        what = {
-            "bipartite": "cross-attention (a pair (x_src, x_dst) or a bipartite graph)",
-            "score_bias": "per-edge score biases",
-            "edge_attr": "edge features (edge_attr)",
-            "dropout": "attention dropout",
-        }
-        return "does not take " + " or ".join(what[m] for m in missing)
+        return "does not take " + " or ".join(what[m] for m in what if m in missing)
     if decl.graphs == "structured" and graph.structure is None:
         return (
             "needs a graph of known structure (complete, causal, their batched versions "
@@ -186,10 +187,12 @@ def backend_for(
     devices = DECLARATIONS["fused"].devices
     why = _refusal("fused", graph, options)
     if devices is not None and q.device.type not in devices:
-        why = f"has no compiled kernel for {q.device.type} (numba or triton is not installed)"
+        why = f"no compiled kernel for {q.device.type} (numba or triton is not installed)"
+    elif why is not None:
+        why = f"the fused kernel {why}"
     if why is None:
         return BackendChoice("fused", f"sparse graph: the fused {q.device.type} kernel")
-    choice = BackendChoice("mp", f"the fused kernel {why}: the message-passing path")
+    choice = BackendChoice("mp", why)
     if graph.num_edges > _WARN_EDGES and not torch.compiler.is_compiling():
         _warn_once(graph, choice)
     return choice

@@ -63,8 +63,9 @@ REGISTRY: tuple[Suite, ...] = (
           "graph sizes", pyg_cases),
     Suite("train", "a GraphTransformer training step (dropout, edge features): auto vs mp",
           rows=train_rows),
-    Suite("compile", "eager vs torch.compile (train step, sparse layer); small molecule "
-          "batches vs PyG, eager and compiled", rows=compile_rows),
+    Suite("compile", "eager vs torch.compile (train step, sparse layer, compile time); "
+          "small molecule batches vs PyG, eager and compiled (only with --suite compile)",
+          rows=compile_rows, flag="suite"),
     Suite("scale", "N = 1M forward + backward: time and peak RSS (--scale only)",
           rows=scale_rows, flag="scale"),
     Suite("distributed", "one graph over P = 4 gloo ranks: halo fraction by partitioner; "
