@@ -339,9 +339,14 @@ class AttentionGraph:
         from ..kernels.library import plan_tensors
 
         idx = self.kernel_layout(layout)
+        # The graph made these layouts from checked edges: planned without a second check.
         if layout == "csr":
-            return self.derived(key, lambda: plan_tensors(idx[0], idx[1], self.num_src))
-        return self.derived(key, lambda: plan_tensors(idx[0], idx[1], self.num_dst, perm=idx[2]))
+            return self.derived(
+                key, lambda: plan_tensors(idx[0], idx[1], self.num_src, check=False)
+            )
+        return self.derived(
+            key, lambda: plan_tensors(idx[0], idx[1], self.num_dst, perm=idx[2], check=False)
+        )
 
     def prepare(self, backward: bool = True) -> AttentionGraph:
         """Make what the fused kernels read (the CSR, with ``backward`` the transposed

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ..checks import check_tensor
+from ..kernels.common import check_index, check_ptr
 from .csr import CSR, segment_ids
 from .validate import check_edge_index, check_edge_index_static
 
@@ -104,9 +105,15 @@ def from_sparse(
                 col = col.long()
             csr = CSR(adj_t.crow_indices().long(), col, None)
             ei = None
+            # torch.sparse does not check its indices by default; the kernels
+            # gather by them unchecked, so they are checked here, once.
+            check_ptr(csr.ptr, col.numel(), "edge_index.crow_indices()")
+            check_index(col, m, "edge_index.col_indices()")
         else:  # sparse_csc: grouped by column (source)
             cptr, row = adj_t.ccol_indices().long(), adj_t.row_indices().long()
             ei = torch.stack([segment_ids(cptr, row.numel()), row])
+    if ei is not None:
+        check_edge_index(ei, m, n)
     return ei, n, (m if num_src is not None else None), csr
 
 

@@ -206,12 +206,19 @@ def plan(
     return TritonPlan(ptr, col, int(num_cols), chunk, chunks)
 
 
-def plan_tensors(ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None) -> Tensor:
+def plan_tensors(
+    ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None, check: bool = True
+) -> Tensor:
     """:func:`plan` as the operators take it: the chunk tables ``chunk_ptr``,
     ``chunk_seg``, ``split`` and ``rank`` in one int64 tensor, at
     :data:`DEFAULT_CHUNK` (their lengths follow from ``N`` and ``E``, so the
-    device is never read for them)."""
-    ch = plan(ptr, col, num_cols, perm=perm).chunks
+    device is never read for them). The indices are checked (a host read) unless
+    ``check=False``, for indices known to be valid."""
+    if check:
+        ch = plan(ptr, col, num_cols, perm=perm).chunks
+    else:
+        ch = chunk_plan(ptr.contiguous(), col.numel(), DEFAULT_CHUNK)
+        check_grid(ch.grid)
     return torch.cat([ch.chunk_ptr, ch.chunk_seg, ch.split, ch.rank])
 
 

@@ -76,18 +76,23 @@ def dropout_of(key: Tensor | None, p: float) -> Dropout | None:
     return Dropout(float(p), int(seed), int(offset))
 
 
-def plan_tensors(ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None) -> Tensor:
-    """The kernel module's checked work plan of a CSR, as the ops take it: one int64 tensor.
+def plan_tensors(
+    ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None, check: bool = True
+) -> Tensor:
+    """The kernel module's work plan of a CSR, as the ops take it: one int64 tensor.
 
     Made once per graph and layout (:class:`gnnattn.AttentionGraph` keeps it);
-    a module without plans (the reference) gives an empty one.
+    a module without plans (the reference) gives an empty one. The indices are
+    checked (a host read) unless ``check=False``: a graph's own layouts, made
+    from edges it checked, are not checked twice.
     """
     kern = get(ptr.device)
     make = getattr(kern, "plan_tensors", None)
     if make is None:
-        kern.plan(ptr, col, num_cols, perm=perm)  # checked all the same
+        if check:
+            kern.plan(ptr, col, num_cols, perm=perm)
         return torch.empty(0, dtype=torch.int64, device=ptr.device)
-    return make(ptr, col, num_cols, perm=perm)
+    return make(ptr, col, num_cols, perm=perm, check=check)
 
 
 def plan_from_tensors(

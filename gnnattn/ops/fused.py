@@ -65,8 +65,9 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
     h, c, cv = q.shape[1], q.shape[2], v.shape[2]
     eqc = None
     if edge_attr is not None and edge_key is not None:
-        wk = edge_key.view(h, c, -1).to(dtype)  # (H, C, F)
-        eqc = (torch.einsum("nhc,hcf->nhf", qc, wk) * scale).contiguous()  # (N, H, F)
+        wk = edge_key.view(h, c, -1).to(dtype) * scale  # (H, C, F)
+        # A batched matmul over heads (einsum plans its contraction on every call).
+        eqc = torch.bmm(qc.transpose(0, 1), wk).transpose(0, 1).contiguous()  # (N, H, F)
     backward = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (qc, kc, vc, bc, eac, eqc)
     )
@@ -85,7 +86,7 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
     )  # fmt: skip
     if edge_attr is not None and edge_value is not None:
         wv = edge_value.view(h, cv, -1).to(dtype)  # (H, Cv, F)
-        out = out + torch.einsum("nhf,hcf->nhc", eo, wv)  # (N, H, Cv)
+        out = out + torch.bmm(eo.transpose(0, 1), wv.transpose(1, 2)).transpose(0, 1)  # (N, H, Cv)
     weights = _weights(qc, kc, graph, scale, lse, bc, eac, eqc) if a.need_weights else None
     return out.to(q.dtype), lse, (weights.to(q.dtype) if weights is not None else None)
 

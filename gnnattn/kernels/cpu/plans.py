@@ -156,15 +156,18 @@ def plan(ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None)
     return _make_plan(ptr, col, num_cols, perm)
 
 
-def plan_tensors(ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None) -> Tensor:
+def plan_tensors(
+    ptr: Tensor, col: Tensor, num_cols: int, *, perm: Tensor | None = None, check: bool = True
+) -> Tensor:
     """:func:`plan` as the operators take it: the split in one int64 tensor.
 
     ``[K + 1, P, S + 1, bounds..., pieces..., seg...]``: the three lengths,
     then :class:`_Plan`'s arrays. The graph object keeps it and passes it to
     every call; the limit on a segment's length is a function of the edge
-    count, so it is not stored.
+    count, so it is not stored. ``check=False`` for indices known to be valid (a
+    graph's own layouts, made from checked edges).
     """
-    w = plan(ptr, col, num_cols, perm=perm).work
+    w = _make_plan(ptr, col, num_cols, perm, check=check).work
     head = np.array([w.bounds.size, w.pieces.shape[0], w.seg.size], np.int64)
     return torch.from_numpy(np.concatenate([head, w.bounds, w.pieces.reshape(-1), w.seg]))
 
