@@ -73,17 +73,13 @@ def _check_inputs(
     bias: Tensor | None,
     dropout: Dropout | None,
 ) -> None:
-    """Shapes, dtypes, devices and the dropout key: metadata and Python numbers only."""
-    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
-        raise ValueError(
-            f"Expected 'q', 'k', 'v' of shape [N, H, C], [M, H, C], [M, H, Cv], got "
-            f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}"
-        )
-    if k.shape[:2] != v.shape[:2] or q.shape[1:] != k.shape[1:]:
-        raise ValueError(
-            f"Expected 'k' [M, H, C] and 'v' [M, H, Cv] with 'q' [N, H, C], got "
-            f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}"
-        )
+    """Shapes, dtypes, devices and the dropout key: metadata and Python numbers only.
+
+    The shapes of ``q``, ``k``, ``v`` are asserted, not raised on:
+    :func:`gnnattn.attention` validates a call, once.
+    """
+    assert q.dim() == 3 and k.dim() == 3 and v.dim() == 3, (q.shape, k.shape, v.shape)
+    assert k.shape[:2] == v.shape[:2] and q.shape[1:] == k.shape[1:], (q.shape, k.shape, v.shape)
     for name, t in (("k", k), ("v", v), ("ptr", ptr), ("col", col), ("bias", bias)):
         if t is not None and t.device != q.device:
             raise ValueError(f"Expected '{name}' on the device of 'q' ({q.device}), got {t.device}")
