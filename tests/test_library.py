@@ -7,6 +7,8 @@ the numba kernels; on a CUDA machine the same checks run the Triton ones.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -151,3 +153,21 @@ def test_triton_plan_tensors_round_trip() -> None:
         ), name  # fmt: skip
         for a, b in zip(got.chunks, want.chunks, strict=True):
             assert a == b if isinstance(a, int) else torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("name", ["isolated", "bipartite"])
+def test_opcheck_attention_on_the_triton_kernels(name: str, monkeypatch) -> None:
+    """The same registration serving the Triton kernels (as on CUDA), here on CPU tensors
+    under Triton's interpreter: forward and backward through opcheck, plans included."""
+    if DEV != "cpu" or os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("on a GPU the CUDA tests above run the Triton kernels compiled")
+    pytest.importorskip("triton")
+    import gnnattn.kernels as kernels
+    from gnnattn.kernels import chunks, triton_ops
+
+    monkeypatch.setattr(kernels, "get", lambda device: triton_ops)
+    args = _attention_args(name, "edge+dropout+bias", True, torch.float64)
+    n, e = args[3].numel() - 1, args[4].numel()
+    # Triton's plan (chunk tables), not the CPU kernels' (chunks and hub pieces).
+    assert args[5].numel() == 3 * n + 2 + 4 * (e // chunks.DEFAULT_CHUNK)
+    torch.library.opcheck(torch.ops.gnnattn.attention_fwd.default, args)
