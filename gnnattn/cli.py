@@ -342,8 +342,14 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     edge_index, num_nodes = _read_graph(args.graph)
     t0 = time.perf_counter()
     try:
-        part = partition(edge_index, args.parts, method=args.method, num_nodes=num_nodes,
-                         causal=args.causal, seed=args.seed)  # fmt: skip
+        part = partition(
+            edge_index,
+            args.parts,
+            method=args.method,
+            num_nodes=num_nodes,
+            causal=args.causal,
+            seed=args.seed,
+        )
     except ImportError as err:  # METIS without pymetis
         raise ValueError(str(err)) from None
     seconds = time.perf_counter() - t0

@@ -313,11 +313,17 @@ def run_case(case: Case, mode: str, cfg: BenchConfig) -> list[dict[str, Any]]:
     label = case.mode_label or MODE_LABEL[mode]
     rows = {
         c.name: row(
-            case.suite, case.name, mode, c.name, case.baseline, note=c.note, bytes=c.bytes,
+            case.suite,
+            case.name,
+            mode,
+            c.name,
+            case.baseline,
+            note=c.note,
+            bytes=c.bytes,
             mode_label=label,
         )
         for c in case.candidates
-    }  # fmt: skip
+    }
     active: list[Candidate] = []
     reference: Tensor | None = None
     reference_name = case.baseline

@@ -44,8 +44,14 @@ class _Pending:
         self.send: Tensor | None = None  # kept alive until the exchange is done
 
 
-def _all_to_all(out: Tensor, inp: Tensor, out_counts: list[int], in_counts: list[int],
-                group: Any, async_op: bool) -> Any:  # fmt: skip
+def _all_to_all(
+    out: Tensor,
+    inp: Tensor,
+    out_counts: list[int],
+    in_counts: list[int],
+    group: Any,
+    async_op: bool,
+) -> Any:
     if sum(out_counts) == 0 and sum(in_counts) == 0 and group_rank(group)[1] == 1:
         return None  # one process: nothing to exchange, and no process group needed
     return dist.all_to_all_single(out, inp, out_counts, in_counts, group=group, async_op=async_op)

@@ -163,9 +163,15 @@ def _make_ring(
             f"layout={layout!r}) rows, {[len(t) for t in ids]} per rank, got {sizes}"
         )
     return _Ring(
-        group, rank, world, _peer(group, (rank + 1) % world), _peer(group, (rank - 1) % world),
-        ids, causal, scale,
-    )  # fmt: skip
+        group,
+        rank,
+        world,
+        _peer(group, (rank + 1) % world),
+        _peer(group, (rank - 1) % world),
+        ids,
+        causal,
+        scale,
+    )
 
 
 def _shift(send: Tensor, recv_rows: int, ring: _Ring) -> tuple[list[Any], Tensor]:
@@ -579,7 +585,13 @@ class SequencePart:
                 f"(part.shard(x) of the whole sequence), got {q.shape[0]}"
             )
         out, lse = ring_attention(
-            q, k, v, causal=self.causal, scale=scale, layout=self.layout, group=self.group,
+            q,
+            k,
+            v,
+            causal=self.causal,
+            scale=scale,
+            layout=self.layout,
+            group=self.group,
             return_lse=True,
-        )  # fmt: skip
+        )
         return AttentionOutput(out, lse, None, "ring") if return_lse else out

@@ -254,9 +254,21 @@ def attention_bwd(
         if edge_out is not None:
             opts["edge_out"] = edge_out
     res = kern.attention_bwd(
-        q, k, v, out, lse, grad_out, ptr, col, scale, bias,
-        dropout=dropout_of(dropout_key, dropout_p), plan=pl, **layout, **opts,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        out,
+        lse,
+        grad_out,
+        ptr,
+        col,
+        scale,
+        bias,
+        dropout=dropout_of(dropout_key, dropout_p),
+        plan=pl,
+        **layout,
+        **opts,
+    )
     dq, dk, dv, dbias = res[0], res[1], res[2], res[3]
     # With edge features the last two results are d edge_attr and d edge_query.
     dea = res[-2] if edge_attr is not None else None
@@ -268,9 +280,29 @@ def attention_bwd(
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(
-    q, k, v, out, lse, grad_out, ptr, col, plan, tptr, trow, tperm, csc_plan, bias, edge_attr,
-    edge_query, edge_out, grad_edge_out, dropout_key, scale, dropout_p, need_dedge_attr,
-):  # type: ignore[no-untyped-def]  # fmt: skip
+    q,
+    k,
+    v,
+    out,
+    lse,
+    grad_out,
+    ptr,
+    col,
+    plan,
+    tptr,
+    trow,
+    tperm,
+    csc_plan,
+    bias,
+    edge_attr,
+    edge_query,
+    edge_out,
+    grad_edge_out,
+    dropout_key,
+    scale,
+    dropout_p,
+    need_dedge_attr,
+):  # type: ignore[no-untyped-def]
     dbias = torch.empty_like(bias) if bias is not None else _empty(q)
     dea = torch.empty_like(edge_attr) if edge_attr is not None and need_dedge_attr else _empty(q)
     deq = torch.empty_like(edge_query) if edge_query is not None else _empty(q)
@@ -285,9 +317,24 @@ def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ..
     # N = 1M, embed 128, 0.5 GB less at the backward's peak).
     keep_out = getattr(get(q.device), "BACKWARD_READS_OUTPUT", True)
     ctx.save_for_backward(
-        q, k, v, ptr, col, plan, tptr, trow, tperm, csc_plan, bias, ea, eq, key,
-        out if keep_out else None, lse, eo if keep_out and ea is not None else None,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        ptr,
+        col,
+        plan,
+        tptr,
+        trow,
+        tperm,
+        csc_plan,
+        bias,
+        ea,
+        eq,
+        key,
+        out if keep_out else None,
+        lse,
+        eo if keep_out and ea is not None else None,
+    )
     ctx.scale, ctx.p = scale, p
 
 
@@ -298,14 +345,47 @@ def _attention_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor, grad_eo: T
     need_dea = ea is not None and ctx.needs_input_grad[11]
     ge = grad_eo.contiguous() if ea is not None and grad_eo is not None else None
     dq, dk, dv, dbias, dea, deq = torch.ops.gnnattn.attention_bwd(
-        q, k, v, out, lse, grad_out.contiguous(), ptr, col, plan, tptr, trow, tperm, csc_plan,
-        bias, ea, eq, eo, ge, key, ctx.scale, ctx.p, need_dea,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        out,
+        lse,
+        grad_out.contiguous(),
+        ptr,
+        col,
+        plan,
+        tptr,
+        trow,
+        tperm,
+        csc_plan,
+        bias,
+        ea,
+        eq,
+        eo,
+        ge,
+        key,
+        ctx.scale,
+        ctx.p,
+        need_dea,
+    )
     return (
-        dq, dk, dv, None, None, None, None, None, None, None,
-        dbias if bias is not None else None, dea if need_dea else None,
-        deq if eq is not None else None, None, None, None,
-    )  # fmt: skip
+        dq,
+        dk,
+        dv,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        dbias if bias is not None else None,
+        dea if need_dea else None,
+        deq if eq is not None else None,
+        None,
+        None,
+        None,
+    )
 
 
 attention_fwd.register_autograd(_attention_backward, setup_context=_attention_setup)

@@ -511,19 +511,54 @@ def segment_softmax_fwd(
     heads = triton.cdiv(h, blk.block_h)
     meta = dict(ACC=acc_tl(x.dtype), BLOCK_E=blk.block_e, BLOCK_H=blk.block_h)
     _softmax_fwd_chunk[(triton.cdiv(chunks.grid, blk.slots), heads)](
-        x, y, ptr, chunks.chunk_ptr, chunks.chunk_seg, chunks.rank, part_m, part_s, n,
-        chunks.grid, h, CHUNK=blk.chunk, SLOTS=blk.slots, num_warps=blk.num_warps, **meta,
-    )  # fmt: skip
+        x,
+        y,
+        ptr,
+        chunks.chunk_ptr,
+        chunks.chunk_seg,
+        chunks.rank,
+        part_m,
+        part_s,
+        n,
+        chunks.grid,
+        h,
+        CHUNK=blk.chunk,
+        SLOTS=blk.slots,
+        num_warps=blk.num_warps,
+        **meta,
+    )
     if e > blk.chunk:  # otherwise no segment can have two chunks
         split = (chunks.split_grid, heads)
         _softmax_combine[split](
-            chunks.split, chunks.chunk_ptr, chunks.chunk_seg, chunks.rank, part_m, part_s,
-            chunks.grid, h, IS_MAX=True, ACC=meta["ACC"], BLOCK_H=blk.block_h,
-        )  # fmt: skip
+            chunks.split,
+            chunks.chunk_ptr,
+            chunks.chunk_seg,
+            chunks.rank,
+            part_m,
+            part_s,
+            chunks.grid,
+            h,
+            IS_MAX=True,
+            ACC=meta["ACC"],
+            BLOCK_H=blk.block_h,
+        )
         _softmax_fwd_split[split](
-            x, y, ptr, chunks.split, chunks.chunk_ptr, chunks.chunk_seg, chunks.rank, part_m,
-            part_s, n, chunks.grid, h, CHUNK=blk.chunk, num_warps=blk.num_warps, **meta,
-        )  # fmt: skip
+            x,
+            y,
+            ptr,
+            chunks.split,
+            chunks.chunk_ptr,
+            chunks.chunk_seg,
+            chunks.rank,
+            part_m,
+            part_s,
+            n,
+            chunks.grid,
+            h,
+            CHUNK=blk.chunk,
+            num_warps=blk.num_warps,
+            **meta,
+        )
     return y.view_as(src)
 
 
@@ -565,17 +600,52 @@ def segment_softmax_bwd(
     heads = triton.cdiv(h, blk.block_h)
     meta = dict(ACC=acc_tl(yy.dtype), BLOCK_E=blk.block_e, BLOCK_H=blk.block_h)
     _softmax_bwd_chunk[(triton.cdiv(chunks.grid, blk.slots), heads)](
-        yy, gg, dx, ptr, chunks.chunk_ptr, chunks.chunk_seg, chunks.rank, part_d, n,
-        chunks.grid, h, CHUNK=blk.chunk, SLOTS=blk.slots, num_warps=blk.num_warps, **meta,
-    )  # fmt: skip
+        yy,
+        gg,
+        dx,
+        ptr,
+        chunks.chunk_ptr,
+        chunks.chunk_seg,
+        chunks.rank,
+        part_d,
+        n,
+        chunks.grid,
+        h,
+        CHUNK=blk.chunk,
+        SLOTS=blk.slots,
+        num_warps=blk.num_warps,
+        **meta,
+    )
     if e > blk.chunk:
         split = (chunks.split_grid, heads)
         _softmax_combine[split](
-            chunks.split, chunks.chunk_ptr, chunks.chunk_seg, chunks.rank, part_d, part_d,
-            chunks.grid, h, IS_MAX=False, ACC=meta["ACC"], BLOCK_H=blk.block_h,
-        )  # fmt: skip
+            chunks.split,
+            chunks.chunk_ptr,
+            chunks.chunk_seg,
+            chunks.rank,
+            part_d,
+            part_d,
+            chunks.grid,
+            h,
+            IS_MAX=False,
+            ACC=meta["ACC"],
+            BLOCK_H=blk.block_h,
+        )
         _softmax_bwd_split[split](
-            yy, gg, dx, ptr, chunks.split, chunks.chunk_ptr, chunks.chunk_seg, chunks.rank,
-            part_d, n, chunks.grid, h, CHUNK=blk.chunk, num_warps=blk.num_warps, **meta,
-        )  # fmt: skip
+            yy,
+            gg,
+            dx,
+            ptr,
+            chunks.split,
+            chunks.chunk_ptr,
+            chunks.chunk_seg,
+            chunks.rank,
+            part_d,
+            n,
+            chunks.grid,
+            h,
+            CHUNK=blk.chunk,
+            num_warps=blk.num_warps,
+            **meta,
+        )
     return dx.view_as(y)

@@ -274,10 +274,13 @@ class GPSConv(torch.nn.Module):
         qkv = F.linear(x, attn.in_proj_weight, attn.in_proj_bias).view(n, 3, h, c)
         q, k, v = qkv.unbind(1)  # (N, H, C) each
         out = attention(
-            q, k, v, graph,
+            q,
+            k,
+            v,
+            graph,
             dropout_p=attn.dropout if self.training else 0.0,
             backend=self.backend if backend is None else backend,
-        )  # fmt: skip
+        )
         assert isinstance(out, Tensor)
         return attn.out_proj(out.reshape(n, self.channels))  # (N, D)
 

@@ -81,9 +81,23 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
         tptr, trow, tperm = graph.kernel_layout("csc")
         csc_plan = graph.kernel_plan("csc")
     out, lse, eo = torch.ops.gnnattn.attention_fwd(
-        qc, kc, vc, ptr, col, graph.kernel_plan("csr"), tptr, trow, tperm, csc_plan, bc, eac,
-        eqc, a.dropout_key, scale, a.dropout_p,
-    )  # fmt: skip
+        qc,
+        kc,
+        vc,
+        ptr,
+        col,
+        graph.kernel_plan("csr"),
+        tptr,
+        trow,
+        tperm,
+        csc_plan,
+        bc,
+        eac,
+        eqc,
+        a.dropout_key,
+        scale,
+        a.dropout_p,
+    )
     if edge_attr is not None and edge_value is not None:
         wv = edge_value.view(h, cv, -1).to(dtype)  # (H, Cv, F)
         out = out + torch.bmm(eo.transpose(0, 1), wv.transpose(1, 2)).transpose(0, 1)  # (N, H, Cv)
@@ -105,9 +119,16 @@ def _weights(
     """The weights ``[|E|, H]`` in ``graph.edge_index`` order, from the saved ``lse``."""
     csr, ref = graph.csr, kernels.reference
     w = ref.attention_weights(
-        q, k, csr.ptr, csr.col, scale, lse.to(q.dtype), bias,
-        edge_attr=edge_attr, edge_query=edge_query,
-    )  # fmt: skip
+        q,
+        k,
+        csr.ptr,
+        csr.col,
+        scale,
+        lse.to(q.dtype),
+        bias,
+        edge_attr=edge_attr,
+        edge_query=edge_query,
+    )
     # The scores recomputed here and the kernel's log-sum-exp differ by
     # rounding; renormalizing makes every row sum to 1 and keeps each weight
     # <= 1 exactly, as on the other backends.

@@ -113,9 +113,14 @@ def mp_attention(a: AttentionArgs) -> tuple[Tensor, Tensor | None, Tensor]:
     if edge_attr is not None and edge_value is not None:
         value_bias = (edge_attr @ edge_value.T).view(-1, h, v.shape[2])  # (E, H, Cv)
     score = mp.edge_updater(
-        edge_index, query=q, key=k, score_bias=a.score_bias, key_bias=key_bias, scale=a.scale,
+        edge_index,
+        query=q,
+        key=k,
+        score_bias=a.score_bias,
+        key_bias=key_bias,
+        scale=a.scale,
         size=size,
-    )  # fmt: skip
+    )
     n = q.shape[0]
     index = edge_index[1]
     # Edges in target order (the builders' and PyG's sorted order): the CSR

@@ -237,9 +237,13 @@ def attention(
     p = check_float(dropout_p, "dropout_p", lo=0.0, hi=1.0)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_float(scale, "scale")
     choice = backend_for(
-        q, graph, backend=backend, score_bias=score_bias is not None, dropout_p=p,
+        q,
+        graph,
+        backend=backend,
+        score_bias=score_bias is not None,
+        dropout_p=p,
         edge_attr=edge_attr is not None,
-    )  # fmt: skip
+    )
     name = choice.backend
     if name == "sdpa" and not _sdpa_safe(q, k, v):
         # SDPA's CPU kernels turn a NaN query row into zeros, and its dense
@@ -254,9 +258,20 @@ def attention(
         name = "fused"
     key = draw_key() if p > 0 and name != "sdpa" else None
     args = AttentionArgs(
-        q, k, v, graph, scale, score_bias, p, key, edge_attr, edge_key, edge_value, return_lse,
+        q,
+        k,
+        v,
+        graph,
+        scale,
+        score_bias,
+        p,
+        key,
+        edge_attr,
+        edge_key,
+        edge_value,
+        return_lse,
         need_weights,
-    )  # fmt: skip
+    )
     out, lse, weights = _BACKENDS[name](args)
     if not (return_lse or need_weights):
         return out

@@ -313,8 +313,9 @@ def draw_heatmap(
             colour = "white" if v > 0.6 else "black"
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8, color=colour)
     which = _which(alpha, head)
-    ax.set_title(clean(title) if title is not None else f"attention matrix{which}: rows sum to 1",
-                 **PLAIN)  # fmt: skip
+    ax.set_title(
+        clean(title) if title is not None else f"attention matrix{which}: rows sum to 1", **PLAIN
+    )
     ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="α")
     return ax
 

@@ -161,8 +161,16 @@ def fitted(label: str, diameter: float) -> tuple[str, float]:
 
 def weight_label(ax: Any, xy: Point, w: float, boxed: bool) -> None:
     box = {"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.7}
-    ax.text(*xy, f"{w:.2f}", ha="center", va="center", fontsize=7, zorder=4, **PLAIN,
-            **({"bbox": box} if boxed else {}))  # fmt: skip
+    ax.text(
+        *xy,
+        f"{w:.2f}",
+        ha="center",
+        va="center",
+        fontsize=7,
+        zorder=4,
+        **PLAIN,
+        **({"bbox": box} if boxed else {}),
+    )
 
 
 def draw_loop(ax: Any, at: Point, w: float, st: Style) -> None:

@@ -49,29 +49,54 @@ class Suite:
 
 
 REGISTRY: tuple[Suite, ...] = (
-    Suite("complete", "layer(x) on the complete graph vs MultiheadAttention, SDPA, Flex, PyG",
-          complete_cases),
+    Suite(
+        "complete",
+        "layer(x) on the complete graph vs MultiheadAttention, SDPA, Flex, PyG",
+        complete_cases,
+    ),
     Suite("causal", "layer(x) with causal=True vs the same peers", causal_cases),
-    Suite("edge_index", "the complete graph as a plain edge_index (structure detected)",
-          edge_index_cases),
+    Suite(
+        "edge_index",
+        "the complete graph as a plain edge_index (structure detected)",
+        edge_index_cases,
+    ),
     Suite("sparse", "a random sparse graph vs PyG TransformerConv", sparse_cases),
     Suite("softmax", "scatter_softmax vs PyG utils.softmax", softmax_cases),
     Suite("models", "GraphTransformer vs nn.TransformerEncoder; causal pruning", model_cases),
     Suite("limit", "each pass of the fused CPU operator vs CSR SpMM, GB/s", limit_cases),
     Suite("reorder", "shuffled vs RCM-reordered ids on a kNN graph and a grid", reorder_cases),
-    Suite("pyg", "gnnattn's drop-in PyG layers vs PyG's, same weights: GPSConv on skewed "
-          "graph sizes", pyg_cases),
-    Suite("train", "a GraphTransformer training step (dropout, edge features): auto vs mp",
-          rows=train_rows),
-    Suite("compile", "eager vs torch.compile (train step, sparse layer, compile time); "
-          "small molecule batches vs PyG, eager and compiled (only with --suite compile)",
-          rows=compile_rows, flag="suite"),
-    Suite("scale", "N = 1M forward + backward: time and peak RSS (--scale only)",
-          rows=scale_rows, flag="scale"),
-    Suite("distributed", "one graph over P = 4 gloo ranks: halo fraction by partitioner; "
-          "peak RSS, exchange wait and bytes per rank vs one process; weak scaling "
-          "(only with --suite distributed)", rows=distributed_rows, flag="suite"),
-)  # fmt: skip
+    Suite(
+        "pyg",
+        "gnnattn's drop-in PyG layers vs PyG's, same weights: GPSConv on skewed graph sizes",
+        pyg_cases,
+    ),
+    Suite(
+        "train",
+        "a GraphTransformer training step (dropout, edge features): auto vs mp",
+        rows=train_rows,
+    ),
+    Suite(
+        "compile",
+        "eager vs torch.compile (train step, sparse layer, compile time); "
+        "small molecule batches vs PyG, eager and compiled (only with --suite compile)",
+        rows=compile_rows,
+        flag="suite",
+    ),
+    Suite(
+        "scale",
+        "N = 1M forward + backward: time and peak RSS (--scale only)",
+        rows=scale_rows,
+        flag="scale",
+    ),
+    Suite(
+        "distributed",
+        "one graph over P = 4 gloo ranks: halo fraction by partitioner; "
+        "peak RSS, exchange wait and bytes per rank vs one process; weak scaling "
+        "(only with --suite distributed)",
+        rows=distributed_rows,
+        flag="suite",
+    ),
+)
 
 #: Every suite name, in the order they run.
 SUITES: tuple[str, ...] = tuple(s.name for s in REGISTRY)

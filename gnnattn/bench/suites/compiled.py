@@ -119,10 +119,16 @@ def _case(
     dummy = torch.zeros(1, device=device)
     note = f"first call {first[0]:.1f} s (eager {first[1] * 1e3:.0f} ms): the compile time"
     return Case(
-        "compile", name, dummy, dummy, EAGER,
+        "compile",
+        name,
+        dummy,
+        dummy,
+        EAGER,
         [Candidate(EAGER, eager), Candidate(COMPILED, compiled, note=note)],
-        modes=("step",), compare=False, memory=False,
-    )  # fmt: skip
+        modes=("step",),
+        compare=False,
+        memory=False,
+    )
 
 
 def _sparse_case(cfg: BenchConfig, device: torch.device) -> Case:
@@ -205,8 +211,17 @@ def _small_tc(desc: str, device: torch.device, batches: list, seed: int) -> Case
     cands[2].note = f"first call {first:.1f} s (compile)"
     name = f"small graphs: TransformerConv(64, 16, heads=4, edge_dim=16), {desc}"
     dummy = torch.zeros(1, device=device)
-    return Case("compile", name, dummy, dummy, "PyG TransformerConv", cands, modes=("step",),
-                compare=False, memory=False)  # fmt: skip
+    return Case(
+        "compile",
+        name,
+        dummy,
+        dummy,
+        "PyG TransformerConv",
+        cands,
+        modes=("step",),
+        compare=False,
+        memory=False,
+    )
 
 
 def _small_gps(desc: str, device: torch.device, batches: list, seed: int) -> Case:
@@ -231,8 +246,17 @@ def _small_gps(desc: str, device: torch.device, batches: list, seed: int) -> Cas
     cands[2].note = f"first call {first:.1f} s (compile)"
     name = f"small graphs: GPSConv(64, GINConv, heads=4), train mode, {desc}"
     dummy = torch.zeros(1, device=device)
-    return Case("compile", name, dummy, dummy, "PyG GPSConv", cands, modes=("step",),
-                compare=False, memory=False)  # fmt: skip
+    return Case(
+        "compile",
+        name,
+        dummy,
+        dummy,
+        "PyG GPSConv",
+        cands,
+        modes=("step",),
+        compare=False,
+        memory=False,
+    )
 
 
 def compile_rows(

@@ -126,7 +126,7 @@ def _run_ranks(job: dict[str, Any], parts: int, timeout: float) -> list[dict[str
                     text=True,
                     env=env,
                     start_new_session=True,
-                )  # fmt: skip
+                )
             )
         try:
             deadline = time.monotonic() + timeout
@@ -173,12 +173,22 @@ def _halo_rows(size: DistSize, cfg: BenchConfig) -> list[dict[str, Any]]:
         note += f"; {cpu:.1f} s CPU"
         if method == "random":
             note += f"; kNN graph built in {knn_s:.1f} s (cKDTree)"
-        rows.append(row(
-            "distributed", case, "partition", name, base, times_ms=[sec * 1e3], reps=1,
-            median_ms=sec * 1e3, ratio=sec / found["random"][0], note=note,
-            mode_label="partition(...) time; halo fraction in the note",
-            halo_fraction=frac,
-        ))  # fmt: skip
+        rows.append(
+            row(
+                "distributed",
+                case,
+                "partition",
+                name,
+                base,
+                times_ms=[sec * 1e3],
+                reps=1,
+                median_ms=sec * 1e3,
+                ratio=sec / found["random"][0],
+                note=note,
+                mode_label="partition(...) time; halo fraction in the note",
+                halo_fraction=frac,
+            )
+        )
     return rows
 
 
@@ -194,8 +204,9 @@ def _rank_note(r: dict[str, Any], single_rss: int) -> str:
     )
 
 
-def _layer_rows(size: DistSize, cfg: BenchConfig, log: Callable[[str], None] | None
-                ) -> list[dict[str, Any]]:  # fmt: skip
+def _layer_rows(
+    size: DistSize, cfg: BenchConfig, log: Callable[[str], None] | None
+) -> list[dict[str, Any]]:
     """The whole graph in one process against P ranks each loading its part."""
     n, k, p = size.layer_nodes, size.layer_k, size.parts
     case = (
@@ -205,8 +216,17 @@ def _layer_rows(size: DistSize, cfg: BenchConfig, log: Callable[[str], None] | N
     )
     base = "single process (1 thread)"
     with tempfile.TemporaryDirectory() as folder:
-        job = {"nodes": n, "k": k, "parts": p, "seed": cfg.seed, "folder": folder,
-               "embed": _EMBED, "heads": _HEADS, "reps": size.reps, "threads": 1}  # fmt: skip
+        job = {
+            "nodes": n,
+            "k": k,
+            "parts": p,
+            "seed": cfg.seed,
+            "folder": folder,
+            "embed": _EMBED,
+            "heads": _HEADS,
+            "reps": size.reps,
+            "threads": 1,
+        }
         if log is not None:
             log(f"running [distributed] kNN graph N={n:,} k={k} and its partition (a process)")
         made = _run({**job, "job": "make", "method": "contiguous", "sort": True}, size)
@@ -227,24 +247,47 @@ def _layer_rows(size: DistSize, cfg: BenchConfig, log: Callable[[str], None] | N
         f"{made['partition_s']:.1f} s, files {made['save_s']:.1f} s, peak RSS "
         f"{made['peak_rss'] / 1e9:.2f} GB; halo {100 * made['halo_fraction']:.1f}% of owned rows"
     )
-    rows = [row(
-        "distributed", case, "fwdbwd", base, base, times_ms=single["ms"], reps=len(single["ms"]),
-        median_ms=one, ratio=1.0, peak_rss=single["peak_rss"], note=made_note,
-    )]  # fmt: skip
+    rows = [
+        row(
+            "distributed",
+            case,
+            "fwdbwd",
+            base,
+            base,
+            times_ms=single["ms"],
+            reps=len(single["ms"]),
+            median_ms=one,
+            ratio=1.0,
+            peak_rss=single["peak_rss"],
+            note=made_note,
+        )
+    ]
     for r, res in enumerate(ranks):
-        rows.append(row(
-            "distributed", case, "fwdbwd", f"rank {r} of {p}", base, times_ms=res["ms"],
-            reps=len(res["ms"]), median_ms=statistics.median(res["ms"]),
-            ratio=statistics.median(res["ms"]) / one, peak_rss=res["peak_rss"],
-            note=_rank_note(res, single["peak_rss"]),
-            rss_ratio=res["peak_rss"] / single["peak_rss"],
-            wait_ms=res["wait_ms"], fwd_bytes=res["fwd_bytes"], bwd_bytes=res["bwd_bytes"],
-        ))  # fmt: skip
+        rows.append(
+            row(
+                "distributed",
+                case,
+                "fwdbwd",
+                f"rank {r} of {p}",
+                base,
+                times_ms=res["ms"],
+                reps=len(res["ms"]),
+                median_ms=statistics.median(res["ms"]),
+                ratio=statistics.median(res["ms"]) / one,
+                peak_rss=res["peak_rss"],
+                note=_rank_note(res, single["peak_rss"]),
+                rss_ratio=res["peak_rss"] / single["peak_rss"],
+                wait_ms=res["wait_ms"],
+                fwd_bytes=res["fwd_bytes"],
+                bwd_bytes=res["bwd_bytes"],
+            )
+        )
     return rows
 
 
-def _weak_rows(size: DistSize, cfg: BenchConfig, log: Callable[[str], None] | None
-               ) -> list[dict[str, Any]]:  # fmt: skip
+def _weak_rows(
+    size: DistSize, cfg: BenchConfig, log: Callable[[str], None] | None
+) -> list[dict[str, Any]]:
     """Compute time per rank (layer minus exchange wait) at fixed targets per rank."""
     nr, k = size.weak_nodes, size.layer_k
     case = (
@@ -258,8 +301,16 @@ def _weak_rows(size: DistSize, cfg: BenchConfig, log: Callable[[str], None] | No
         if log is not None:
             log(f"running [distributed] weak scaling, P={p}")
         with tempfile.TemporaryDirectory() as folder:
-            job = {"nodes": nr * p, "k": k, "parts": p, "seed": cfg.seed, "folder": folder,
-                   "embed": _EMBED, "heads": _HEADS, "reps": size.reps}  # fmt: skip
+            job = {
+                "nodes": nr * p,
+                "k": k,
+                "parts": p,
+                "seed": cfg.seed,
+                "folder": folder,
+                "embed": _EMBED,
+                "heads": _HEADS,
+                "reps": size.reps,
+            }
             _run({**job, "job": "make", "method": "contiguous", "sort": True}, size)
             ranks = _run_ranks(job, p, size.timeout)
         # Compute: CPU time of each rank's main thread (the ranks share the cores);
@@ -274,15 +325,25 @@ def _weak_rows(size: DistSize, cfg: BenchConfig, log: Callable[[str], None] | No
         per = ", ".join(f"{c:.0f}" for c in compute)
         walls = ", ".join(f"{c:.0f}" for c in unblocked)
         waits = ", ".join(f"{statistics.median(r['wait_ms']):.0f}" for r in ranks)
-        rows.append(row(
-            "distributed", case, "weak", f"P = {p}", "P = 1", times_ms=[slow], reps=size.reps,
-            median_ms=slow, ratio=slow / base_ms,
-            note=f"CPU ms per rank: {per}; wall minus exchange wait: {walls}; "
-            f"exchange wait: {waits}",
-            mode_label="compute time per rank: main-thread CPU ms of a forward + backward, "
-            "slowest rank",
-            compute_ms=compute, unblocked_ms=unblocked,
-        ))  # fmt: skip
+        rows.append(
+            row(
+                "distributed",
+                case,
+                "weak",
+                f"P = {p}",
+                "P = 1",
+                times_ms=[slow],
+                reps=size.reps,
+                median_ms=slow,
+                ratio=slow / base_ms,
+                note=f"CPU ms per rank: {per}; wall minus exchange wait: {walls}; "
+                f"exchange wait: {waits}",
+                mode_label="compute time per rank: main-thread CPU ms of a forward + backward, "
+                "slowest rank",
+                compute_ms=compute,
+                unblocked_ms=unblocked,
+            )
+        )
     return rows
 
 

@@ -68,10 +68,13 @@ def _make(args: dict[str, Any]) -> dict[str, Any]:
     part.save(out)
     save_s = time.perf_counter() - t0
     return {
-        "knn_s": knn_s, "partition_s": partition_s, "partition_cpu_s": partition_cpu_s,
+        "knn_s": knn_s,
+        "partition_s": partition_s,
+        "partition_cpu_s": partition_cpu_s,
         "save_s": save_s,
-        "halo_fraction": part.halo_fraction(), "peak_rss": peak_rss(),
-    }  # fmt: skip
+        "halo_fraction": part.halo_fraction(),
+        "peak_rss": peak_rss(),
+    }
 
 
 def _layer(args: dict[str, Any]) -> Any:
@@ -142,8 +145,9 @@ def _instrument() -> list[float]:
     clock = [0.0]
     inner = exchange._all_to_all
 
-    def timed(out: Any, inp: Any, out_counts: list[int], in_counts: list[int],
-              group: Any, async_op: bool) -> Any:  # fmt: skip
+    def timed(
+        out: Any, inp: Any, out_counts: list[int], in_counts: list[int], group: Any, async_op: bool
+    ) -> Any:
         t0 = time.perf_counter()
         work = inner(out, inp, out_counts, in_counts, group, async_op)
         clock[0] += time.perf_counter() - t0
@@ -183,13 +187,17 @@ def _rank(args: dict[str, Any]) -> dict[str, Any]:
         wait_ms = [(b - a) * 1e3 for a, b in zip(waits[1:-1], waits[2:], strict=True)]
         calls = args["reps"] + 1
         return {
-            "ms": ms, "cpu_ms": cpu_ms, "wait_ms": wait_ms, "peak_rss": peak_rss(),
+            "ms": ms,
+            "cpu_ms": cpu_ms,
+            "wait_ms": wait_ms,
+            "peak_rss": peak_rss(),
             "rss_start": rss_start,
             "fwd_bytes": part.traffic["forward"] // calls,
             "bwd_bytes": part.traffic["backward"] // calls,
-            "targets": part.num_targets, "halo": int(part.halo.numel()),
+            "targets": part.num_targets,
+            "halo": int(part.halo.numel()),
             "edges": part.num_edges,
-        }  # fmt: skip
+        }
     finally:
         dist.destroy_process_group()
 

@@ -60,8 +60,12 @@ def _transformer_case(cfg: BenchConfig, device: torch.device, gen: torch.Generat
         return encoder(x.view(b, t, d)).reshape(b * t, d)  # (B*T, D)
 
     info: dict[str, Any] = {
-        "sequences": b, "tokens": t, "embed_dim": d, "heads": h, "layers": num_layers
-    }  # fmt: skip
+        "sequences": b,
+        "tokens": t,
+        "embed_dim": d,
+        "heads": h,
+        "layers": num_layers,
+    }
     return Case(
         "models",
         f"GraphTransformer vs nn.TransformerEncoder, {b} x {t} tokens, embed {d}, "

@@ -121,9 +121,14 @@ def gps_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
         f"pairs {edges:,} (padded: {padded:,})"
     )
     info: dict[str, Any] = {
-        "graphs": size.graphs, "num_nodes": n, "channels": size.channels, "heads": size.heads,
-        "attention_pairs": edges, "padded_pairs": padded, "local_edges": edge_index.shape[1],
-    }  # fmt: skip
+        "graphs": size.graphs,
+        "num_nodes": n,
+        "channels": size.channels,
+        "heads": size.heads,
+        "attention_pairs": edges,
+        "padded_pairs": padded,
+        "local_edges": edge_index.shape[1],
+    }
     cases = []
     for mode, training in (("fwd", False), ("fwdbwd", True)):
         r, auto = copy.deepcopy(ref).train(training), copy.deepcopy(ours).train(training)

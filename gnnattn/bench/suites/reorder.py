@@ -141,8 +141,24 @@ def _case(
         ),
     ]
     return [
-        Case("reorder", f"{title}: the layer", x, g, cands[0].name, cands,
-             list(layer.parameters()), info),
-        Case("reorder", f"{title}: the attention operator only", x, g, operator[0].name,
-             operator, [], info),
-    ]  # fmt: skip
+        Case(
+            "reorder",
+            f"{title}: the layer",
+            x,
+            g,
+            cands[0].name,
+            cands,
+            list(layer.parameters()),
+            info,
+        ),
+        Case(
+            "reorder",
+            f"{title}: the attention operator only",
+            x,
+            g,
+            operator[0].name,
+            operator,
+            [],
+            info,
+        ),
+    ]

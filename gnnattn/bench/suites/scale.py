@@ -61,9 +61,15 @@ def scale_rows(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> li
         if log is not None:
             log(f"running [scale] {case} (in a new process)")
         args = {
-            "nodes": n, "deg": deg, "embed": d, "heads": h, "reps": reps, "input": kind,
-            "threads": cfg.threads, "seed": cfg.seed,
-        }  # fmt: skip
+            "nodes": n,
+            "deg": deg,
+            "embed": d,
+            "heads": h,
+            "reps": reps,
+            "input": kind,
+            "threads": cfg.threads,
+            "seed": cfg.seed,
+        }
         cmd = [sys.executable, "-m", "gnnattn.bench.suites.scale", json.dumps(args)]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
@@ -105,9 +111,16 @@ def _timed_row(case: str, mode: str, name: str, times: list[float]) -> dict[str,
     import statistics
 
     return row(
-        "scale", case, mode, name, _SPMM, times_ms=times, reps=len(times),
-        median_ms=statistics.median(times), ratio=1.0,
-    )  # fmt: skip
+        "scale",
+        case,
+        mode,
+        name,
+        _SPMM,
+        times_ms=times,
+        reps=len(times),
+        median_ms=statistics.median(times),
+        ratio=1.0,
+    )
 
 
 def _status() -> dict[str, int]:
@@ -162,9 +175,7 @@ def _worker(args: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         torch.sparse.mm(adj_f, xm)
         spmm_ms.append((time.perf_counter() - t0) * 1e3)
-    return {
-        **res, "spmm_ms": spmm_ms, "graph_s": graph_s, "loadavg": list(os.getloadavg())
-    }  # fmt: skip
+    return {**res, "spmm_ms": spmm_ms, "graph_s": graph_s, "loadavg": list(os.getloadavg())}
 
 
 def _layer_part(args: dict[str, Any], graph: Any, gen: Any) -> dict[str, Any]:
@@ -208,9 +219,12 @@ def _layer_part(args: dict[str, Any], graph: Any, gen: Any) -> dict[str, Any]:
         fwdbwd()
         fwdbwd_ms.append((time.perf_counter() - t0) * 1e3)
     return {
-        "fwd_ms": fwd_ms, "fwdbwd_ms": fwdbwd_ms, "first_s": first_s,
-        "peak_rss": _status()["VmHWM"], "rss_inputs": rss_inputs,
-    }  # fmt: skip
+        "fwd_ms": fwd_ms,
+        "fwdbwd_ms": fwdbwd_ms,
+        "first_s": first_s,
+        "peak_rss": _status()["VmHWM"],
+        "rss_inputs": rss_inputs,
+    }
 
 
 if __name__ == "__main__":  # pragma: no cover - run by scale_rows in a new process

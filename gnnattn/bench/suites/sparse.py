@@ -71,8 +71,12 @@ def sparse_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
         Candidate("gnnattn mp: layer(x, graph)", with_backend(layer, "mp", graph)),
     ]
     info: dict[str, Any] = {
-        "num_nodes": n, "in_degree": deg, "embed_dim": d, "heads": h, "num_edges": n * deg
-    }  # fmt: skip
+        "num_nodes": n,
+        "in_degree": deg,
+        "embed_dim": d,
+        "heads": h,
+        "num_edges": n * deg,
+    }
     return [
         Case(
             "sparse",

@@ -86,9 +86,29 @@ _CACHE = 512
 
 @numba.njit(**_INLINE)
 def _dst_delta(
-    q, i, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, col, s0, e0, scale, wa, wp, wf,
-    dl, dbias,
-):  # pragma: no cover - compiled  # fmt: skip
+    q,
+    i,
+    k,
+    v,
+    dout,
+    lse,
+    bias,
+    has_bias,
+    key,
+    dscale,
+    ea,
+    eq,
+    gg,
+    col,
+    s0,
+    e0,
+    scale,
+    wa,
+    wp,
+    wf,
+    dl,
+    dbias,
+):  # pragma: no cover - compiled
     """Partial sums of ``D_i`` over ``s0:e0``: ``dl[h] = sum_j alpha_ij dp_ij``,
     ``dl[H + h] = sum_j alpha_ij``; writes the dropped weight
     ``P_ij = alpha_ij f_ij`` into ``dbias[e, H + h]`` when ``dbias`` has
@@ -220,7 +240,7 @@ def _sum_rows_ol(out, i, parts, x0, x1):  # pragma: no cover - compiled
 def _bwd_dst_kernel(
     q, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, nf, ptr, col, scale, bounds, limit,
     dq, ld, dbias, deq, dea,
-):  # pragma: no cover - compiled  # fmt: skip
+):  # pragma: no cover - compiled
     nh = lse.shape[1]
     cq = q.shape[1] // nh
     zero = q.dtype.type(0)
@@ -239,14 +259,14 @@ def _bwd_dst_kernel(
             _dst_delta(
                 q, i, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, col, s0, e0, scale,
                 wa, wp, wf, dl, dbias,
-            )  # fmt: skip
+            )
             _delta(dl, ld, i)
             acc[:] = zero
             eacc[:] = zero
             _dst_grad(
                 q, i, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, col, s0, e0, scale,
                 wa, wp, wf, ld, acc, dbias, eacc, dea,
-            )  # fmt: skip
+            )
             for c in range(nh * cq):
                 dq[i, c] = acc[c]
             _store_row(deq, i, eacc)
@@ -256,7 +276,7 @@ def _bwd_dst_kernel(
 def _bwd_dst_pieces_kernel(
     q, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, nf, col, scale, pieces, seg, dq,
     ld, dbias, deq, dea,
-):  # pragma: no cover - compiled  # fmt: skip
+):  # pragma: no cover - compiled
     nh = lse.shape[1]
     cq = q.shape[1] // nh
     zero = q.dtype.type(0)
@@ -270,7 +290,7 @@ def _bwd_dst_pieces_kernel(
         _dst_delta(
             q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, col,
             pieces[x, 1], pieces[x, 2], scale, nokeep, nokeep, nokeep, pd[x], dbias,
-        )  # fmt: skip
+        )
     for s in prange(seg.shape[0] - 1):
         dl = np.zeros(2 * nh, dtype=q.dtype)
         for x in range(seg[s] & _NN, seg[s + 1]):
@@ -282,7 +302,7 @@ def _bwd_dst_pieces_kernel(
             q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, col,
             pieces[x, 1], pieces[x, 2], scale, nokeep, nokeep, nokeep, ld, pa[x], dbias, pe[x],
             dea,
-        )  # fmt: skip
+        )
     for s in prange(seg.shape[0] - 1):
         i = pieces[seg[s], 0] & _NN
         for c in range(nh * cq):
@@ -297,7 +317,7 @@ def _bwd_dst_pieces_kernel(
 def _src_segment(
     q, k, j, v, dout, ld, bias, has_bias, key, dscale, dsv, ea, eq, trow, tperm, t0, t1, scale, ak,
     av,
-):  # pragma: no cover - compiled  # fmt: skip
+):  # pragma: no cover - compiled
     """``dk_j``, ``dv_j`` over the outgoing edges ``t0:t1`` of source ``j`` into ``ak``, ``av``."""
     nh = ld.shape[1] // 2
     cq = q.shape[1] // nh
@@ -349,7 +369,7 @@ def _bwd_src_kernel(
             _src_segment(
                 q, k, j, v, dout, ld, bias, has_bias, key, dscale, dsv, ea, eq, trow, tperm, t0,
                 t1, scale, ak, av,
-            )  # fmt: skip
+            )
             for c in range(nh * cq):
                 dk[j, c] = ak[c]
             for c in range(nh * cv):
@@ -360,7 +380,7 @@ def _bwd_src_kernel(
 def _bwd_src_pieces_kernel(
     q, k, v, dout, ld, bias, has_bias, key, dscale, dsv, ea, eq, trow, tperm, scale, pieces, seg,
     dk, dv,
-):  # pragma: no cover - compiled  # fmt: skip
+):  # pragma: no cover - compiled
     nh = ld.shape[1] // 2
     cq = q.shape[1] // nh
     cv = v.shape[1] // nh
@@ -372,7 +392,7 @@ def _bwd_src_pieces_kernel(
         _src_segment(
             q, k, pieces[x, 0] & _NN, v, dout, ld, bias, has_bias, key, dscale, dsv, ea, eq, trow,
             tperm, pieces[x, 1], pieces[x, 2], scale, pk[x], pv[x],
-        )  # fmt: skip
+        )
     for s in prange(seg.shape[0] - 1):
         j = pieces[seg[s], 0] & _NN
         for c in range(nh * cq):

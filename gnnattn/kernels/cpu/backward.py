@@ -266,22 +266,31 @@ def attention_bwd_src(
             # dS and P stored: nothing to recompute (see _src_kept_segment).
             assert dsv is not None
             _bwd_src_kept_kernel(
-                qq, go, dsv, pl.ptr, pl.col, tperm_np, sc, w.bounds, w.limit, dk.numpy(),
+                qq,
+                go,
+                dsv,
+                pl.ptr,
+                pl.col,
+                tperm_np,
+                sc,
+                w.bounds,
+                w.limit,
+                dk.numpy(),
                 dv.numpy(),
-            )  # fmt: skip
+            )
             if w.pieces.shape[0]:
                 _bwd_src_kept_pieces_kernel(
                     qq, go, dsv, pl.col, tperm_np, sc, w.pieces, w.seg, dk.numpy(), dv.numpy()
-                )  # fmt: skip
+                )
             return dk.view(m, nh, cq), dv.view(m, nh, cv)
         args = (qq, kk, vv, go, lld, bb, bias is not None, key, dscale, dsv, ea, eq)
         _bwd_src_kernel(
             *args, pl.ptr, pl.col, tperm_np, sc, w.bounds, w.limit, dk.numpy(), dv.numpy()
-        )  # fmt: skip
+        )
         if w.pieces.shape[0]:
             _bwd_src_pieces_kernel(
                 *args, pl.col, tperm_np, sc, w.pieces, w.seg, dk.numpy(), dv.numpy()
-            )  # fmt: skip
+            )
     return dk.view(m, nh, cq), dv.view(m, nh, cv)
 
 
@@ -386,10 +395,23 @@ def attention_bwd(
     if plan is None:
         plan = _make_plan(ptr, col, m, None)  # checked once, for both uses below
     dst = _bwd_dst(
-        q, k, v, lse, grad_out, ptr, col, scale, bias, dropout=dropout, plan=plan,
-        edge_attr=edge_attr, edge_query=edge_query, grad_edge_out=grad_edge_out, weights=True,
+        q,
+        k,
+        v,
+        lse,
+        grad_out,
+        ptr,
+        col,
+        scale,
+        bias,
+        dropout=dropout,
+        plan=plan,
+        edge_attr=edge_attr,
+        edge_query=edge_query,
+        grad_edge_out=grad_edge_out,
+        weights=True,
         need_dedge_attr=need_dedge_attr,
-    )  # fmt: skip
+    )
     dq, ld, ds = dst[:3]
     dsp = dst[5]
     if csc_plan is not None:
@@ -403,9 +425,20 @@ def attention_bwd(
     # recomputing the scores, the exp and the dropout mask (and of gathering the
     # edge query's rows).
     dk, dv = attention_bwd_src(
-        q, k, v, ld, grad_out, csc, scale, bias, dropout=dropout, ds=dsp, csc_plan=csc_plan,
-        edge_attr=edge_attr, edge_query=edge_query,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        ld,
+        grad_out,
+        csc,
+        scale,
+        bias,
+        dropout=dropout,
+        ds=dsp,
+        csc_plan=csc_plan,
+        edge_attr=edge_attr,
+        edge_query=edge_query,
+    )
     del dsp
     # A view of [dS | P] when there is P: it keeps P alive as long as the
     # gradient, which a contiguous copy would allocate anew, for the same bytes.

@@ -171,9 +171,26 @@ def _fwd_kernel(
             if e0 - s0 > limit:
                 continue  # a hub: _fwd_pieces_kernel
             _fwd_segment(
-                q, i, k, v, bias, has_bias, key, dscale, ea, eq, col, s0, e0, scale, sc, m, tot,
-                acc, eacc,
-            )  # fmt: skip
+                q,
+                i,
+                k,
+                v,
+                bias,
+                has_bias,
+                key,
+                dscale,
+                ea,
+                eq,
+                col,
+                s0,
+                e0,
+                scale,
+                sc,
+                m,
+                tot,
+                acc,
+                eacc,
+            )
             _fwd_finish(m, tot, acc, out, lse, i, eacc, ea, eo, inv)
 
 
@@ -191,9 +208,26 @@ def _fwd_pieces_kernel(
     for x in prange(npc):
         sc = np.empty((nh, _BLOCK), dtype=q.dtype)
         _fwd_segment(
-            q, pieces[x, 0] & _NN, k, v, bias, has_bias, key, dscale, ea, eq, col, pieces[x, 1],
-            pieces[x, 2], scale, sc, pm[x], pt[x], pa[x], pe[x],
-        )  # fmt: skip
+            q,
+            pieces[x, 0] & _NN,
+            k,
+            v,
+            bias,
+            has_bias,
+            key,
+            dscale,
+            ea,
+            eq,
+            col,
+            pieces[x, 1],
+            pieces[x, 2],
+            scale,
+            sc,
+            pm[x],
+            pt[x],
+            pa[x],
+            pe[x],
+        )
     zero = q.dtype.type(0)
     for s in prange(seg.shape[0] - 1):
         m = np.empty(nh, dtype=q.dtype)
@@ -291,14 +325,45 @@ def attention_fwd(
         w, o, ls = plan.work, out.numpy(), lse.numpy()
         has_bias = bias is not None
         _fwd_kernel(
-            qq, kk, vv, bb, has_bias, key, dscale, ea, eq, nf, plan.ptr, plan.col, sc, w.bounds,
-            w.limit, o, ls, eo_np,
-        )  # fmt: skip
+            qq,
+            kk,
+            vv,
+            bb,
+            has_bias,
+            key,
+            dscale,
+            ea,
+            eq,
+            nf,
+            plan.ptr,
+            plan.col,
+            sc,
+            w.bounds,
+            w.limit,
+            o,
+            ls,
+            eo_np,
+        )
         if w.pieces.shape[0]:
             _fwd_pieces_kernel(
-                qq, kk, vv, bb, has_bias, key, dscale, ea, eq, nf, plan.col, sc, w.pieces, w.seg,
-                o, ls, eo_np,
-            )  # fmt: skip
+                qq,
+                kk,
+                vv,
+                bb,
+                has_bias,
+                key,
+                dscale,
+                ea,
+                eq,
+                nf,
+                plan.col,
+                sc,
+                w.pieces,
+                w.seg,
+                o,
+                ls,
+                eo_np,
+            )
     res = out.view(n, nh, cv).to(q.dtype)
     if eo is None:
         return res, lse

@@ -113,8 +113,11 @@ def _check_edge(
     """The edge-feature options: ``edge_attr`` ``[E, F]``, ``edge_query`` and the
     backward's ``grad_edge_out`` / ``edge_out`` ``[N, H, F]`` (metadata only)."""
     if edge_attr is None:
-        for name, t in (("edge_query", edge_query), ("grad_edge_out", grad_edge_out),
-                        ("edge_out", edge_out)):  # fmt: skip
+        for name, t in (
+            ("edge_query", edge_query),
+            ("grad_edge_out", grad_edge_out),
+            ("edge_out", edge_out),
+        ):
             if t is not None:
                 raise ValueError(f"Expected 'edge_attr' with '{name}', got None")
         return

@@ -415,10 +415,17 @@ def _bwd(
         delta = delta + (ge.to(acc_t) * edge.out.to(acc_t)).sum(-1)
     delta = delta.contiguous()
     consts = dict(
-        H=h, C=c, CV=cv, HAS_BIAS=bias is not None, HAS_DROPOUT=dropout is not None,
-        ACC=acc_tl(q.dtype), F=nf, HAS_EA=ea is not None, HAS_EQ=eq is not None,
+        H=h,
+        C=c,
+        CV=cv,
+        HAS_BIAS=bias is not None,
+        HAS_DROPOUT=dropout is not None,
+        ACC=acc_tl(q.dtype),
+        F=nf,
+        HAS_EA=ea is not None,
+        HAS_EQ=eq is not None,
         HAS_GE=ge is not None,
-    )  # fmt: skip
+    )
     drop = _dropout_args(dropout)
 
     blk = _blocks(pl, h, c, cv, block_e, nf)
@@ -430,10 +437,36 @@ def _bwd(
     if eq is not None:
         part_eq = torch.empty((ch.split_grid, h, nf), dtype=acc_t, device=q.device)
     _attn_bwd_dq[(ch.grid,)](
-        q, k, v, b, ea_a, eq_a, ge_a, grad_out, lse, delta, dq, db, dea_a, deq_a, scales, pl.ptr,
-        pl.col, ch.chunk_ptr, ch.chunk_seg, ch.rank, part, part_eq, n, ch.grid, *drop,
-        num_warps=blk.num_warps, HAS_DEA=dea is not None, **consts, **blocks,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        b,
+        ea_a,
+        eq_a,
+        ge_a,
+        grad_out,
+        lse,
+        delta,
+        dq,
+        db,
+        dea_a,
+        deq_a,
+        scales,
+        pl.ptr,
+        pl.col,
+        ch.chunk_ptr,
+        ch.chunk_seg,
+        ch.rank,
+        part,
+        part_eq,
+        n,
+        ch.grid,
+        *drop,
+        num_warps=blk.num_warps,
+        HAS_DEA=dea is not None,
+        **consts,
+        **blocks,
+    )
     if e > pl.chunk:
         _sum_split(pl, part, dq, scales, True, consts["ACC"])
         if deq is not None:
@@ -447,10 +480,34 @@ def _bwd(
         part_k = torch.empty((ch.split_grid, h, c), dtype=acc_t, device=q.device)
         part_v = torch.empty((ch.split_grid, h, cv), dtype=acc_t, device=q.device)
         _attn_bwd_dkdv[(ch.grid,)](
-            q, k, v, b, ea_a, eq_a, ge_a, grad_out, lse, delta, dk, dv, scales, pl_t.ptr,
-            pl_t.col, tperm, ch.chunk_ptr, ch.chunk_seg, ch.rank, part_k, part_v, m, ch.grid,
-            *drop, num_warps=blk.num_warps, **consts, **blocks,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            b,
+            ea_a,
+            eq_a,
+            ge_a,
+            grad_out,
+            lse,
+            delta,
+            dk,
+            dv,
+            scales,
+            pl_t.ptr,
+            pl_t.col,
+            tperm,
+            ch.chunk_ptr,
+            ch.chunk_seg,
+            ch.rank,
+            part_k,
+            part_v,
+            m,
+            ch.grid,
+            *drop,
+            num_warps=blk.num_warps,
+            **consts,
+            **blocks,
+        )
         if e > pl_t.chunk:
             _sum_split(pl_t, part_k, dk, scales, True, consts["ACC"])
             _sum_split(pl_t, part_v, dv, scales, False, consts["ACC"])
@@ -465,9 +522,19 @@ def _sum_split(
     w = math.prod(part.shape[1:])
     ch = pl.chunks
     _sum_split_rows[(ch.split_grid,)](
-        ch.split, ch.chunk_ptr, ch.chunk_seg, ch.rank, part, out, scales, ch.grid,
-        W=w, SCALED=scaled, ACC=acc, BLOCK_W=triton.next_power_of_2(max(w, 1)),
-    )  # fmt: skip
+        ch.split,
+        ch.chunk_ptr,
+        ch.chunk_seg,
+        ch.rank,
+        part,
+        out,
+        scales,
+        ch.grid,
+        W=w,
+        SCALED=scaled,
+        ACC=acc,
+        BLOCK_W=triton.next_power_of_2(max(w, 1)),
+    )
 
 
 def attention_bwd(

@@ -283,17 +283,56 @@ def _fwd(
     shape = dict(H=h, CV=cv, F=nf, HAS_EA=edge_attr is not None, ACC=acc_tl(q.dtype))
     blocks = dict(BLOCK_H=blk.block_h, BLOCK_CV=blk.block_cv, BLOCK_F=blk.block_f)
     _attn_fwd[(ch.grid,)](
-        q, k, v, b, ea, eq, out, lse, eo_arg, scales, pl.ptr, pl.col, ch.chunk_ptr, ch.chunk_seg,
-        ch.rank, part_m, part_l, part_acc, part_eo, n, ch.grid, *_dropout_args(dropout), C=c,
-        HAS_BIAS=bias is not None, HAS_DROPOUT=dropout is not None, HAS_EQ=edge_query is not None,
-        BLOCK_E=blk.block_e, BLOCK_C=blk.block_c, CHUNK=pl.chunk, num_warps=blk.num_warps,
-        **shape, **blocks,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        b,
+        ea,
+        eq,
+        out,
+        lse,
+        eo_arg,
+        scales,
+        pl.ptr,
+        pl.col,
+        ch.chunk_ptr,
+        ch.chunk_seg,
+        ch.rank,
+        part_m,
+        part_l,
+        part_acc,
+        part_eo,
+        n,
+        ch.grid,
+        *_dropout_args(dropout),
+        C=c,
+        HAS_BIAS=bias is not None,
+        HAS_DROPOUT=dropout is not None,
+        HAS_EQ=edge_query is not None,
+        BLOCK_E=blk.block_e,
+        BLOCK_C=blk.block_c,
+        CHUNK=pl.chunk,
+        num_warps=blk.num_warps,
+        **shape,
+        **blocks,
+    )
     if pl.num_edges > pl.chunk:  # otherwise no target can have two chunks
         _attn_fwd_combine[(ch.split_grid,)](
-            ch.split, ch.chunk_ptr, ch.chunk_seg, ch.rank, part_m, part_l, part_acc, part_eo,
-            out, lse, eo_arg, ch.grid, **shape, **blocks,
-        )  # fmt: skip
+            ch.split,
+            ch.chunk_ptr,
+            ch.chunk_seg,
+            ch.rank,
+            part_m,
+            part_l,
+            part_acc,
+            part_eo,
+            out,
+            lse,
+            eo_arg,
+            ch.grid,
+            **shape,
+            **blocks,
+        )
     return out, lse, eo
 
 
