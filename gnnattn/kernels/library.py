@@ -394,15 +394,18 @@ attention_fwd.register_autograd(_attention_backward, setup_context=_attention_se
 # --------------------------------------------------------------------------- segment softmax
 
 
+def _like_first(x: Tensor, *args: Any) -> Tensor:
+    """The fake kernel of the ops whose result is shaped and typed like their first input."""
+    return torch.empty_like(x)
+
+
 @torch.library.custom_op("gnnattn::segment_softmax_fwd", mutates_args=())
 def segment_softmax_fwd(src: Tensor, ptr: Tensor) -> Tensor:
     """The stable softmax of ``src`` ``[E, F]`` within each CSR segment of ``ptr``."""
     return get(src.device).segment_softmax_fwd(src.contiguous(), ptr)
 
 
-@segment_softmax_fwd.register_fake
-def _segment_softmax_fwd_fake(src, ptr):  # type: ignore[no-untyped-def]
-    return torch.empty_like(src)
+segment_softmax_fwd.register_fake(_like_first)
 
 
 @torch.library.custom_op("gnnattn::segment_softmax_bwd", mutates_args=())
@@ -411,9 +414,7 @@ def segment_softmax_bwd(y: Tensor, grad: Tensor, ptr: Tensor) -> Tensor:
     return get(y.device).segment_softmax_bwd(y, grad.contiguous(), ptr)
 
 
-@segment_softmax_bwd.register_fake
-def _segment_softmax_bwd_fake(y, grad, ptr):  # type: ignore[no-untyped-def]
-    return torch.empty_like(y)
+segment_softmax_bwd.register_fake(_like_first)
 
 
 def _softmax_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
@@ -454,9 +455,7 @@ def dropout(x: Tensor, key: Tensor, p: float) -> Tensor:
     return _stream_kernels(x).dropout(x, drop)
 
 
-@dropout.register_fake
-def _dropout_fake(x, key, p):  # type: ignore[no-untyped-def]
-    return torch.empty_like(x)
+dropout.register_fake(_like_first)
 
 
 def _dropout_setup(ctx: Any, inputs: tuple[Tensor, Tensor, float], output: Tensor) -> None:
@@ -481,9 +480,7 @@ def relu_dropout(x: Tensor, key: Tensor, p: float) -> Tensor:
     return _stream_kernels(x).relu_dropout(x, drop)
 
 
-@relu_dropout.register_fake
-def _relu_dropout_fake(x, key, p):  # type: ignore[no-untyped-def]
-    return torch.empty_like(x)
+relu_dropout.register_fake(_like_first)
 
 
 @torch.library.custom_op("gnnattn::relu_dropout_bwd", mutates_args=())
@@ -493,9 +490,7 @@ def relu_dropout_bwd(y: Tensor, grad: Tensor, p: float) -> Tensor:
     return _stream_kernels(y).relu_dropout_bwd(y, grad, 1.0 / (1.0 - p))
 
 
-@relu_dropout_bwd.register_fake
-def _relu_dropout_bwd_fake(y, grad, p):  # type: ignore[no-untyped-def]
-    return torch.empty_like(y)
+relu_dropout_bwd.register_fake(_like_first)
 
 
 def _relu_dropout_setup(ctx: Any, inputs: tuple[Tensor, Tensor, float], output: Tensor) -> None:
