@@ -349,8 +349,9 @@ class AttentionGraph:
         )
 
     def prepare(self, backward: bool = True) -> AttentionGraph:
-        """Make what the fused kernels read (the CSR, with ``backward`` the transposed
-        CSR, and their plans) now rather than on first use; returns the graph.
+        """Make what a call reads (the structure, the CSR, with ``backward`` the
+        transposed CSR, and the kernels' plans) now rather than on first use;
+        returns the graph.
 
         Before ``torch.compile`` or ``torch.export``: the compiled call then
         finds them, instead of planning inside every call.
@@ -360,6 +361,7 @@ class AttentionGraph:
             >>> g.kernel_plan("csr").dtype
             torch.int64
         """
+        _ = self.structure  # detected now: a compiled region cannot read the edges for it
         self.kernel_plan("csr")
         if backward:
             self.kernel_plan("csc")

@@ -64,8 +64,8 @@ def draw_key() -> Tensor:
     :func:`gnnattn.kernels.common.draw_dropout`; traceable, so a compiled
     model draws a new key per call.
     """
-    key = torch.randint(0, 2**62, (2,), dtype=torch.int64)
-    return key & torch.tensor([2**63 - 1, _OFFSET_MASK])
+    key = torch.randint(0, 2**62, (2,), dtype=torch.int64, device="cpu")
+    return key & torch.tensor([2**63 - 1, _OFFSET_MASK], device="cpu")
 
 
 def dropout_of(key: Tensor | None, p: float) -> Dropout | None:
@@ -303,10 +303,15 @@ def _attention_bwd_fake(
     dropout_p,
     need_dedge_attr,
 ):  # type: ignore[no-untyped-def]
-    dbias = torch.empty_like(bias) if bias is not None else _empty(q)
-    dea = torch.empty_like(edge_attr) if edge_attr is not None and need_dedge_attr else _empty(q)
-    deq = torch.empty_like(edge_query) if edge_query is not None else _empty(q)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias, dea, deq
+    # Contiguous, as _owned makes the results, whatever the inputs' strides.
+    dbias = bias.new_empty(bias.shape) if bias is not None else _empty(q)
+    dea = (
+        edge_attr.new_empty(edge_attr.shape)
+        if edge_attr is not None and need_dedge_attr
+        else _empty(q)
+    )
+    deq = edge_query.new_empty(edge_query.shape) if edge_query is not None else _empty(q)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias, dea, deq
 
 
 def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
@@ -395,8 +400,9 @@ attention_fwd.register_autograd(_attention_backward, setup_context=_attention_se
 
 
 def _like_first(x: Tensor, *args: Any) -> Tensor:
-    """The fake kernel of the ops whose result is shaped and typed like their first input."""
-    return torch.empty_like(x)
+    """The fake kernel of the ops whose result is shaped and typed like their first input
+    (contiguous, as the kernels make it, whatever the input's strides)."""
+    return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("gnnattn::segment_softmax_fwd", mutates_args=())
@@ -451,7 +457,7 @@ def dropout(x: Tensor, key: Tensor, p: float) -> Tensor:
     """
     drop = dropout_of(key, p)
     if drop is None:
-        return x.clone()
+        return x.clone(memory_format=torch.contiguous_format)
     return _stream_kernels(x).dropout(x, drop)
 
 
@@ -476,7 +482,7 @@ def relu_dropout(x: Tensor, key: Tensor, p: float) -> Tensor:
     """``dropout(relu(x))`` in one pass, by the stream of :func:`dropout`."""
     drop = dropout_of(key, p)
     if drop is None:
-        return torch.relu(x)
+        return torch.relu(x).contiguous()
     return _stream_kernels(x).relu_dropout(x, drop)
 
 

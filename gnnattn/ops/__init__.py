@@ -1,7 +1,8 @@
 """The attention operator and its backends.
 
 * :func:`attention` (:mod:`.operator`): the one operator every layer calls;
-* :func:`backend_for` (:mod:`.choice`): which backend a call takes, and why;
+* :func:`backend_for` (:mod:`.choice`): which backend a call takes, and why,
+  from the backends' :data:`DECLARATIONS`;
 * the backends: :mod:`.mp` (PyG message passing, the reference),
   :mod:`.sdpa` (dense SDPA for structured graphs), :mod:`.fused` (the sparse
   kernels of :mod:`gnnattn.kernels`);
@@ -14,7 +15,7 @@ here caches.
 """
 
 from .activation_dropout import dropout, relu_dropout
-from .choice import BACKENDS, BackendChoice, backend_for, check_backend
+from .choice import BACKENDS, DECLARATIONS, BackendChoice, Declaration, backend_for, check_backend
 from .mp import MessagePassingAttention, dropout_mask
 from .operator import AttentionOutput, attention
 
@@ -22,6 +23,8 @@ __all__ = [
     "BACKENDS",
     "AttentionOutput",
     "BackendChoice",
+    "DECLARATIONS",
+    "Declaration",
     "MessagePassingAttention",
     "attention",
     "backend_for",

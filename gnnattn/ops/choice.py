@@ -111,9 +111,13 @@ def check_backend(backend: str) -> str:
     return backend
 
 
-def _refusal(name: str, graph: AttentionGraph, options: frozenset[str]) -> str | None:
+def _refusal(
+    name: str, graph: AttentionGraph, options: frozenset[str], dtype: torch.dtype
+) -> str | None:
     """Why the declared backend ``name`` cannot run this call, or ``None`` when it can."""
     decl = DECLARATIONS[name]
+    if dtype not in decl.dtypes:
+        return f"does not take {dtype}"
     missing = options - decl.options
     if "bipartite" in missing:
         return "does not do cross-attention (a pair (x_src, x_dst) or a bipartite graph)"
@@ -172,11 +176,11 @@ def backend_for(
         if on
     )
     if backend != "auto":
-        why = _refusal(backend, graph, options)
+        why = _refusal(backend, graph, options, q.dtype)
         if why is not None:
             raise ValueError(f"backend={backend!r} {why}. Use 'fused' or 'mp' (or 'auto').")
         return BackendChoice(backend, "asked for")
-    s = graph.structure if _refusal("sdpa", graph, options) is None else None
+    s = graph.structure if _refusal("sdpa", graph, options, q.dtype) is None else None
     # Inside torch.compile a batch of blocks of different lengths is not sent to
     # SDPA: its bucketed plan is Python structure (a call per bucket), which
     # would make every new batch a new compiled graph.
@@ -185,9 +189,12 @@ def backend_for(
     if s is not None and (s.kind in ("complete", "causal") or graph.density > 0.25):
         return BackendChoice("sdpa", f"{s.kind.replace('_', ' ')} graph: the dense SDPA kernel")
     devices = DECLARATIONS["fused"].devices
-    why = _refusal("fused", graph, options)
+    why = _refusal("fused", graph, options, q.dtype)
     if devices is not None and q.device.type not in devices:
-        why = f"no compiled kernel for {q.device.type} (numba or triton is not installed)"
+        kind = q.device.type
+        why = f"no compiled kernel for {kind}" + (
+            " (numba or triton is not installed)" if kind in ("cpu", "cuda") else ""
+        )
     elif why is not None:
         why = f"the fused kernel {why}"
     if why is None:
