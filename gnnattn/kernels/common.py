@@ -48,7 +48,6 @@ __all__ = [
     "acc_dtype",
     "check_index",
     "check_ptr",
-    "draw_dropout",
     "dropout_bits",
     "dropout_keep",
 ]
@@ -94,16 +93,6 @@ class Dropout(NamedTuple):
     @property
     def seed_hi(self) -> int:
         return (self.seed >> 32) & _M32
-
-
-def draw_dropout(p: float) -> Dropout:
-    """A fresh :class:`Dropout` key drawn from torch's default (CPU) generator.
-
-    The CPU generator, whatever the device of the tensors: drawing there never
-    waits on a GPU, and ``torch.manual_seed`` seeds it.
-    """
-    key = torch.randint(0, 2**62, (2,), dtype=torch.int64)
-    return Dropout(float(p), int(key[0]), int(key[1]) & 0x7FFF_FFFF)
 
 
 def _mul32(x: Tensor, c: int) -> Tensor:

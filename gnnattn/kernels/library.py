@@ -60,9 +60,10 @@ def draw_key() -> Tensor:
     """A fresh dropout key ``[seed, offset]`` (int64, CPU) from torch's default generator.
 
     The CPU generator whatever the device (drawing there never waits on a
-    GPU, and ``torch.manual_seed`` seeds it), with the values of
-    :func:`gnnattn.kernels.common.draw_dropout`; traceable, so a compiled
-    model draws a new key per call.
+    GPU, and ``torch.manual_seed`` seeds it): a seed in ``[0, 2^62)`` and an
+    offset in ``[0, 2^31)``, the ranges of
+    :class:`gnnattn.kernels.common.Dropout`. Traceable, so a compiled model
+    draws a new key per call.
     """
     key = torch.randint(0, 2**62, (2,), dtype=torch.int64, device="cpu")
     return key & torch.tensor([2**63 - 1, _OFFSET_MASK], device="cpu")

@@ -109,6 +109,23 @@ def _train_case(cfg: BenchConfig, device: torch.device) -> Case:
     return _case(name, device, eager, compiled, first)
 
 
+def _step_case(name: str, device: torch.device, baseline: str, cands: list[Candidate]) -> Case:
+    """A case of whole steps (each candidate runs its own forward and backward), whose
+    outputs are not compared (other weights' copies, other dropout streams, batches)."""
+    dummy = torch.zeros(1, device=device)
+    return Case(
+        "compile",
+        name,
+        dummy,
+        dummy,
+        baseline,
+        cands,
+        modes=("step",),
+        compare=False,
+        memory=False,
+    )
+
+
 def _case(
     name: str,
     device: torch.device,
@@ -116,19 +133,9 @@ def _case(
     compiled: Callable[[Tensor], Any],
     first: tuple[float, float],
 ) -> Case:
-    dummy = torch.zeros(1, device=device)
     note = f"first call {first[0]:.1f} s (eager {first[1] * 1e3:.0f} ms): the compile time"
-    return Case(
-        "compile",
-        name,
-        dummy,
-        dummy,
-        EAGER,
-        [Candidate(EAGER, eager), Candidate(COMPILED, compiled, note=note)],
-        modes=("step",),
-        compare=False,
-        memory=False,
-    )
+    cands = [Candidate(EAGER, eager), Candidate(COMPILED, compiled, note=note)]
+    return _step_case(name, device, EAGER, cands)
 
 
 def _sparse_case(cfg: BenchConfig, device: torch.device) -> Case:
@@ -192,6 +199,26 @@ def _loop(
     return fn
 
 
+def _small_case(
+    name: str,
+    device: torch.device,
+    batches: list,
+    peer: tuple[str, Callable[[tuple[Tensor, ...]], Tensor]],
+    eager: Callable[[tuple[Tensor, ...]], Tensor],
+    compiled: Callable[[tuple[Tensor, ...]], Tensor],
+) -> Case:
+    """PyG's layer (the baseline), gnnattn's eager and compiled, each over every batch;
+    the compiled one's first call (its compile) is made and timed here."""
+    cands = [
+        Candidate(peer[0], _loop(peer[1], batches)),
+        Candidate(EAGER, _loop(eager, batches)),
+        Candidate(COMPILED, _loop(compiled, batches)),
+    ]
+    first = _first_call_s(lambda: cands[2].fn(batches[0][0]))  # type: ignore[misc]
+    cands[2].note = f"first call {first:.1f} s (compile)"
+    return _step_case(name, device, peer[0], cands)
+
+
 def _small_tc(desc: str, device: torch.device, batches: list, seed: int) -> Case:
     import torch_geometric.nn as pyg_nn
 
@@ -202,25 +229,14 @@ def _small_tc(desc: str, device: torch.device, batches: list, seed: int) -> Case
     ours = TransformerConv(64, 16, heads=4, edge_dim=16).to(device)
     ours.load_state_dict(ref.state_dict())
     comp = torch.compile(copy.deepcopy(ours), dynamic=True)
-    cands = [
-        Candidate("PyG TransformerConv", _loop(lambda b: ref(b[0], b[1], b[2]), batches)),
-        Candidate(EAGER, _loop(lambda b: ours(b[0], b[1], b[2]), batches)),
-        Candidate(COMPILED, _loop(lambda b: comp(b[0], b[1], b[2]), batches)),
-    ]
-    first = _first_call_s(lambda: cands[2].fn(batches[0][0]))  # type: ignore[misc]
-    cands[2].note = f"first call {first:.1f} s (compile)"
     name = f"small graphs: TransformerConv(64, 16, heads=4, edge_dim=16), {desc}"
-    dummy = torch.zeros(1, device=device)
-    return Case(
-        "compile",
+    return _small_case(
         name,
-        dummy,
-        dummy,
-        "PyG TransformerConv",
-        cands,
-        modes=("step",),
-        compare=False,
-        memory=False,
+        device,
+        batches,
+        ("PyG TransformerConv", lambda b: ref(b[0], b[1], b[2])),
+        lambda b: ours(b[0], b[1], b[2]),
+        lambda b: comp(b[0], b[1], b[2]),
     )
 
 
@@ -237,25 +253,14 @@ def _small_gps(desc: str, device: torch.device, batches: list, seed: int) -> Cas
         # Built and prepared outside the compiled region, as compiling needs.
         return comp(b[0], b[1], b[3], attn_graph=AttentionGraph.from_batch(b[3]).prepare())
 
-    cands = [
-        Candidate("PyG GPSConv", _loop(lambda b: ref(b[0], b[1], b[3]), batches)),
-        Candidate(EAGER, _loop(lambda b: ours(b[0], b[1], b[3]), batches)),
-        Candidate(COMPILED, _loop(compiled, batches)),
-    ]
-    first = _first_call_s(lambda: cands[2].fn(batches[0][0]))  # type: ignore[misc]
-    cands[2].note = f"first call {first:.1f} s (compile)"
     name = f"small graphs: GPSConv(64, GINConv, heads=4), train mode, {desc}"
-    dummy = torch.zeros(1, device=device)
-    return Case(
-        "compile",
+    return _small_case(
         name,
-        dummy,
-        dummy,
-        "PyG GPSConv",
-        cands,
-        modes=("step",),
-        compare=False,
-        memory=False,
+        device,
+        batches,
+        ("PyG GPSConv", lambda b: ref(b[0], b[1], b[3])),
+        lambda b: ours(b[0], b[1], b[3]),
+        compiled,
     )
 
 
