@@ -163,6 +163,94 @@ def test_float32_close_to_pyg() -> None:
         torch.testing.assert_close(ours(x.float(), ei, batch), ref(x.float(), ei, batch))
 
 
+# --------------------------------------------------------------------------- weights
+
+
+def mha_weights(mha: torch.nn.MultiheadAttention, x: Tensor, sizes: list[int]):
+    """``mha``'s weights per graph of the batch: ``[H, n, n]`` unaveraged and ``[n, n]``
+    averaged over the heads (row: target, column: source)."""
+    out = []
+    for xg in x.split(sizes):
+        xg = xg[None]
+        _, per_head = mha(xg, xg, xg, need_weights=True, average_attn_weights=False)
+        _, mean = mha(xg, xg, xg, need_weights=True)
+        out.append((per_head[0], mean[0]))
+    return out
+
+
+def as_dense(edges: Tensor, alpha: Tensor, sizes: list[int]) -> list[Tensor]:
+    """The ``[H, n, n]`` matrix of each graph from edge weights, after checking that the
+    edges are exactly the node pairs of each graph, each once."""
+    dense, start = [], 0
+    for n in sizes:
+        inside = (edges[1] >= start) & (edges[1] < start + n)
+        src, dst = edges[:, inside] - start
+        assert bool(((src >= 0) & (src < n)).all()), "an edge between two graphs"
+        assert int(inside.sum()) == n * n and (dst * n + src).unique().numel() == n * n
+        m = alpha.new_zeros(alpha.shape[1], n, n)
+        m[:, dst, src] = alpha[inside].T
+        dense.append(m)
+        start += n
+    assert sum(n * n for n in sizes) == edges.shape[1]  # no edge left over
+    return dense
+
+
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "fused", "mp"])
+@pytest.mark.parametrize("heads", [1, 4])
+def test_attention_weights_are_multihead_attention_s(backend: str, heads: int) -> None:
+    ref, ours = make_pair("gin", heads)
+    ref.eval(), ours.eval()
+    sizes = BATCHES["skewed"]
+    x, ei, _, batch = make_batch(sizes)
+    with torch.no_grad():
+        out, (edges, alpha) = ours(x, ei, batch, return_attention_weights=True, backend=backend)
+        # Asking for the weights changes nothing else: the output is PyG's.
+        assert_rel(out, ours(x, ei, batch, backend=backend), "output with weights")
+        assert_rel(out, ref(x, ei, batch), "output vs PyG")
+        want = mha_weights(ref.attn, x, sizes)  # PyG's own MultiheadAttention
+    assert alpha.shape == (edges.shape[1], heads)
+    dense = as_dense(edges, alpha, sizes)
+    for g, (got, (per_head, mean)) in enumerate(zip(dense, want, strict=True)):
+        torch.testing.assert_close(got, per_head, rtol=1e-12, atol=1e-12, msg=f"graph {g}")
+        torch.testing.assert_close(got.mean(0), mean, rtol=1e-12, atol=1e-12, msg=f"graph {g}")
+
+
+def test_attention_weights_before_dropout_and_on_a_given_graph() -> None:
+    conv = attention_only(0.5, 0.3)
+    sizes = [7, 1, 12]
+    x, ei, _, batch = make_batch(sizes)
+    with torch.no_grad():
+        _, (e_eval, a_eval) = conv.eval()(x, ei, batch, return_attention_weights=True)
+        graph = gnnattn.AttentionGraph.from_batch(batch)
+        out, (e_train, a_train) = conv.train()(
+            x, ei, attn_graph=graph, return_attention_weights=True
+        )
+    # Dropout acts on the weights after they are returned, as in PyG's layers.
+    assert torch.equal(e_train, graph.edge_index) and torch.equal(e_eval, e_train)
+    torch.testing.assert_close(a_train, a_eval, rtol=1e-12, atol=1e-12)
+    assert out.shape == x.shape
+
+
+def test_attention_weights_of_each_layer_of_a_stack() -> None:
+    # PyG's GraphGPS example stacks GPSConv layers: each returns its own weights,
+    # those of MultiheadAttention on that layer's input.
+    torch.manual_seed(0)
+    layers = [GPSConv(C, make_conv("gin"), heads=2).double().eval() for _ in range(2)]
+    sizes = [5, 9]
+    x, ei, _, batch = make_batch(sizes)
+    h, per_layer = x, []
+    with torch.no_grad():
+        for layer in layers:
+            inputs = h
+            h, (edges, alpha) = layer(h, ei, batch, return_attention_weights=True)
+            per_layer.append((inputs, edges, alpha))
+        for layer, (inputs, edges, alpha) in zip(layers, per_layer, strict=True):
+            want = mha_weights(layer.attn, inputs, sizes)
+            for got, (per_head, _) in zip(as_dense(edges, alpha, sizes), want, strict=True):
+                torch.testing.assert_close(got, per_head, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(per_layer[0][2], per_layer[1][2])
+
+
 # --------------------------------------------------------------------------- module
 
 

@@ -9,10 +9,8 @@ from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
 from ..checks import check_float, check_int, check_x
-from ..distributed import SequencePart
-from ..graphs import AttentionGraph
-from ..ops import AttentionOutput, BackendChoice, backend_for, check_backend
-from .parts import AnyGraph, PartLike, attend, graph_or_part
+from ..ops import AttentionOutput, BackendChoice, check_backend
+from .parts import AnyGraph, PartLike, attend, choose, graph_or_part
 
 __all__ = ["SelfAttentionConv"]
 
@@ -250,12 +248,9 @@ class SelfAttentionConv(MessagePassing):
             'fused'
         """
         graph, _, x_dst, edge_attr = self._inputs(x, edge_index, edge_attr, batch)
-        if isinstance(graph, SequencePart):
-            return BackendChoice("ring", "a SequencePart: blocks passed around the ranks' ring")
-        q = x_dst.new_empty(0, self.num_heads, self.head_dim)
-        return backend_for(
-            q,
-            graph.graph if not isinstance(graph, AttentionGraph) else graph,
+        return choose(
+            x_dst.new_empty(0, self.num_heads, self.head_dim),
+            graph,
             backend=self.backend if backend is None else check_backend(backend),
             score_bias=edge_attr is not None,
             dropout_p=self.dropout if self.training else 0.0,

@@ -15,7 +15,7 @@ from torch_geometric.typing import Adj
 
 from ..checks import check_float, check_int, check_tensor, check_x
 from ..graphs import AttentionGraph
-from ..ops import BackendChoice, attention, backend_for, check_backend
+from ..ops import AttentionOutput, BackendChoice, attention, backend_for, check_backend
 from ..ops import dropout as stream_dropout
 from .dropout import Dropout
 
@@ -90,7 +90,10 @@ class GPSConv(torch.nn.Module):
     Shapes:
         - **input:** ``x`` ``[|V|, D]``, ``edge_index`` (what ``conv`` takes),
           optional sorted ``batch`` ``[|V|]``, ``**kwargs`` for ``conv``
-        - **output:** ``[|V|, D]``
+        - **output:** ``[|V|, D]``; with ``return_attention_weights=True`` also
+          ``(edge_index [2, |E_G|], alpha [|E_G|, H])`` of the global attention,
+          :math:`|E_G| = \sum_g |V_g|^2` (every ordered pair of nodes of one
+          graph, self-pairs included)
 
     Example:
         >>> from torch_geometric.nn import GINConv
@@ -102,6 +105,9 @@ class GPSConv(torch.nn.Module):
         >>> batch = torch.tensor([0, 0, 0, 1, 1, 1, 2])
         >>> conv(x, edge_index, batch).shape
         torch.Size([7, 16])
+        >>> out, (attn_edges, alpha) = conv(x, edge_index, batch, return_attention_weights=True)
+        >>> attn_edges.shape, alpha.shape  # 3*3 + 3*3 + 1*1 node pairs, 4 heads
+        (torch.Size([2, 19]), torch.Size([19, 4]))
     """  # noqa: E501
 
     def __init__(
@@ -195,8 +201,9 @@ class GPSConv(torch.nn.Module):
         *,
         attn_graph: AttentionGraph | None = None,
         backend: str | None = None,
+        return_attention_weights: bool = False,
         **kwargs: Any,
-    ) -> Tensor:
+    ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
         """Local message passing and global attention per graph, then the MLP.
 
         Args:
@@ -212,19 +219,19 @@ class GPSConv(torch.nn.Module):
                 a graph break: pass it). (default: :obj:`None`)
             backend (str, optional): overrides the layer's ``backend`` for this
                 call only. (default: :obj:`None`, the layer's)
+            return_attention_weights (bool, optional): also return
+                ``(edge_index, alpha)`` of the global attention: its graph's
+                edges (node ids of ``x``; messages ``edge_index[0] ->
+                edge_index[1]``) and ``alpha [|E_G|, H]``, each target's
+                softmax over the nodes of its graph, per head, before dropout
+                (what ``attn(x_g, x_g, x_g, average_attn_weights=False)``
+                returns for graph :math:`g`, as edges). On ``"fused"`` the
+                weights are recomputed from the saved log-sum-exp and carry no
+                gradient. (default: :obj:`False`)
             **kwargs: further arguments of ``conv`` (``edge_attr``, ...).
         """
         check_x(x, self.channels)
-        if attn_graph is None:
-            graph = self._graph(x, batch)  # checks batch before any work is done
-        else:
-            if not isinstance(attn_graph, AttentionGraph):
-                raise TypeError(
-                    f"Expected 'attn_graph' to be an AttentionGraph, got "
-                    f"{type(attn_graph).__name__}"
-                )
-            attn_graph.check_nodes(x.shape[0], x.shape[0], x.device)
-            graph = attn_graph
+        graph = self._attn_graph(x, batch, attn_graph)  # checks batch before any work is done
         hs = []
         if self.conv is not None:  # local message passing
             h = self.conv(x, edge_index, **kwargs)
@@ -232,7 +239,8 @@ class GPSConv(torch.nn.Module):
             h = h + x
             hs.append(self._norm(self.norm1, h, batch))
 
-        h = self._attention(x, graph, backend)  # global attention, per graph
+        # Global attention, per graph.
+        h, alpha = self._attention(x, graph, backend, return_attention_weights)
         h = stream_dropout(h, self.dropout, self.training)
         h = h + x
         hs.append(self._norm(self.norm2, h, batch))
@@ -240,12 +248,22 @@ class GPSConv(torch.nn.Module):
         # PyG sums the list from 0; 0 + t is t exactly, so the first term starts it.
         out = hs[0] if len(hs) == 1 else hs[0] + hs[1]
         out = out + self.mlp(out)
-        return self._norm(self.norm3, out, batch)
+        out = self._norm(self.norm3, out, batch)
+        if alpha is not None:
+            return out, (graph.edge_index, alpha)
+        return out
 
     def backend_for(
-        self, x: Tensor, batch: Tensor | None = None, *, backend: str | None = None
+        self,
+        x: Tensor,
+        batch: Tensor | None = None,
+        *,
+        attn_graph: AttentionGraph | None = None,
+        backend: str | None = None,
     ) -> BackendChoice:
-        """The backend the global attention of ``self(x, edge_index, batch)`` takes, and why.
+        """The backend the global attention of ``self(x, edge_index, batch,
+        attn_graph=attn_graph)`` takes, and why (``edge_index`` is the local ``conv``'s
+        and plays no part).
 
         Example:
             >>> conv = GPSConv(8, None, heads=2)
@@ -253,7 +271,7 @@ class GPSConv(torch.nn.Module):
             'sdpa'
         """
         check_x(x, self.channels)
-        graph = self._graph(x, batch)
+        graph = self._attn_graph(x, batch, attn_graph)
         return backend_for(
             x.new_empty(0, self.heads, self.channels // self.heads),
             graph,
@@ -266,23 +284,40 @@ class GPSConv(torch.nn.Module):
             return h
         return norm(h, batch=batch) if self.norm_with_batch else norm(h)
 
-    def _attention(self, x: Tensor, graph: AttentionGraph, backend: str | None) -> Tensor:
-        """``attn`` on every graph of ``graph`` (one complete block per graph)."""
+    def _attention(
+        self, x: Tensor, graph: AttentionGraph, backend: str | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """``attn`` on every graph of ``graph`` (one complete block per graph), and its
+        weights ``[|E_G|, H]`` when ``need_weights``."""
         n, h, c = x.shape[0], self.heads, self.channels // self.heads
         attn = self.attn
         # The packed projection, as MultiheadAttention makes it, on the real nodes only.
         qkv = F.linear(x, attn.in_proj_weight, attn.in_proj_bias).view(n, 3, h, c)
         q, k, v = qkv.unbind(1)  # (N, H, C) each
-        out = attention(
+        res = attention(
             q,
             k,
             v,
             graph,
             dropout_p=attn.dropout if self.training else 0.0,
             backend=self.backend if backend is None else backend,
+            need_weights=need_weights,
         )
-        assert isinstance(out, Tensor)
-        return attn.out_proj(out.reshape(n, self.channels))  # (N, D)
+        out, alpha = (res.out, res.weights) if isinstance(res, AttentionOutput) else (res, None)
+        return attn.out_proj(out.reshape(n, self.channels)), alpha  # (N, D), (E_G, H)
+
+    def _attn_graph(
+        self, x: Tensor, batch: Tensor | None, attn_graph: AttentionGraph | None
+    ) -> AttentionGraph:
+        """The global attention's graph: ``attn_graph`` checked, or made from ``batch``."""
+        if attn_graph is None:
+            return self._graph(x, batch)
+        if not isinstance(attn_graph, AttentionGraph):
+            raise TypeError(
+                f"Expected 'attn_graph' to be an AttentionGraph, got {type(attn_graph).__name__}"
+            )
+        attn_graph.check_nodes(x.shape[0], x.shape[0], x.device)
+        return attn_graph
 
     def _graph(self, x: Tensor, batch: Tensor | None) -> AttentionGraph:
         """The complete graph of each graph of ``batch``, from one read of the lengths.

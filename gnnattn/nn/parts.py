@@ -15,9 +15,9 @@ from torch import Tensor
 
 from ..distributed import GraphPart, SequencePart
 from ..graphs import AttentionGraph, GraphLike, as_graph
-from ..ops import AttentionOutput, attention
+from ..ops import AttentionOutput, BackendChoice, attention, backend_for
 
-__all__ = ["AnyGraph", "Part", "PartLike", "attend", "graph_or_part"]
+__all__ = ["AnyGraph", "Part", "PartLike", "attend", "choose", "graph_or_part"]
 
 #: One rank's part of a graph (partitioned by target) or of a sequence (ring).
 Part = GraphPart | SequencePart
@@ -75,3 +75,18 @@ def attend(
     if isinstance(graph, (GraphPart, SequencePart)):
         return graph.attention(q, k, v, **options)
     return attention(q, k, v, graph, **options)
+
+
+def choose(q: Tensor, graph: AnyGraph, *, backend: str, **options: Any) -> BackendChoice:
+    """:func:`gnnattn.backend_for` of the call :func:`attend` would make, and why.
+
+    A :class:`~gnnattn.distributed.SequencePart` runs the ring; a
+    :class:`~gnnattn.distributed.GraphPart` runs :func:`gnnattn.attention` on
+    its interior and boundary halves, both bipartite like its local graph, so
+    the local graph's choice is theirs.
+    """
+    if isinstance(graph, SequencePart):
+        return BackendChoice("ring", "a SequencePart: blocks passed around the ranks' ring")
+    if isinstance(graph, GraphPart):
+        graph = graph.graph
+    return backend_for(q, graph, backend=backend, **options)

@@ -6,8 +6,8 @@ from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
 from ..checks import check_float, check_x
-from ..graphs import GraphLike, as_graph
-from ..ops import AttentionOutput, attention, check_backend
+from ..graphs import AttentionGraph, GraphLike, as_graph
+from ..ops import AttentionOutput, BackendChoice, attention, backend_for, check_backend
 
 __all__ = ["SimplifiedAttention"]
 
@@ -34,7 +34,8 @@ class SimplifiedAttention(MessagePassing):
             (default: :obj:`False`)
         backend (str, optional): ``"auto"``, ``"mp"``, ``"sdpa"`` or
             ``"fused"``, as in :class:`SelfAttentionConv`; a call can override
-            it. (default: ``"auto"``)
+            it, and :meth:`backend_for` says which one a call takes and why.
+            (default: ``"auto"``)
 
     Shapes:
         - **input:** ``x`` ``[|V|, d]``, optional graph (an
@@ -73,11 +74,8 @@ class SimplifiedAttention(MessagePassing):
         (causal) graph per sequence instead; ``backend`` overrides the
         layer's for this call.
         """
-        check_x(x)
+        graph = self._graph(x, edge_index, batch)
         n, d = x.shape
-        graph = as_graph(
-            edge_index, num_src=n, num_dst=n, device=x.device, batch=batch, causal=self.causal
-        )
         h = x.view(n, 1, d)  # (N, 1, d): one head whose q = k = v = x
         res = attention(
             h,
@@ -92,6 +90,36 @@ class SimplifiedAttention(MessagePassing):
             assert res.weights is not None
             return res.out.view(n, d), (graph.edge_index, res.weights.view(-1))
         return res.view(n, d)
+
+    def backend_for(
+        self,
+        x: Tensor,
+        edge_index: GraphLike | None = None,
+        *,
+        batch: Tensor | None = None,
+        backend: str | None = None,
+    ) -> BackendChoice:
+        """The backend the call ``self(x, edge_index, batch=batch)`` takes, and why.
+
+        Example:
+            >>> SimplifiedAttention(causal=True).backend_for(torch.randn(4, 2)).backend
+            'sdpa'
+        """
+        graph = self._graph(x, edge_index, batch)
+        return backend_for(
+            x.new_empty(0, 1, x.shape[1]),
+            graph,
+            backend=self.backend if backend is None else check_backend(backend),
+        )
+
+    def _graph(
+        self, x: Tensor, edge_index: GraphLike | None, batch: Tensor | None
+    ) -> AttentionGraph:
+        check_x(x)
+        n = x.shape[0]
+        return as_graph(
+            edge_index, num_src=n, num_dst=n, device=x.device, batch=batch, causal=self.causal
+        )
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}(scale={self.scale:g})"

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..checks import check_float, check_int, check_tensor
-from ..ops import relu_dropout
+from ..ops import BackendChoice, relu_dropout
 from .conv import SelfAttentionConv
 from .dropout import Dropout
-from .parts import PartLike, graph_or_part
+from .parts import AnyGraph, PartLike, graph_or_part
 
 __all__ = ["GraphTransformer", "GraphTransformerLayer"]
 
@@ -210,6 +210,28 @@ class GraphTransformerLayer(torch.nn.Module):
         if weights is not None:
             return x, weights
         return x
+
+    def backend_for(
+        self,
+        x: Tensor,
+        edge_index: PartLike | None = None,
+        edge_attr: Tensor | None = None,
+        *,
+        batch: Tensor | None = None,
+        backend: str | None = None,
+    ) -> BackendChoice:
+        """The backend the attention of ``self(x, edge_index, edge_attr, batch=batch)`` takes,
+        and why (:meth:`SelfAttentionConv.backend_for <gnnattn.SelfAttentionConv.backend_for>`
+        of ``self_attn``).
+
+        Example:
+            >>> from gnnattn.nn import GraphTransformerLayer
+            >>> layer = GraphTransformerLayer(16, 4, causal=True)
+            >>> layer.backend_for(torch.randn(6, 16)).backend
+            'sdpa'
+        """
+        # The attention sees norm1(x) under norm_first: the same shape, dtype and device.
+        return self.self_attn.backend_for(x, edge_index, edge_attr, batch=batch, backend=backend)
 
     def _ff(self, x: Tensor) -> Tensor:
         h = self.linear1(x)  # (N, ffn_dim)
@@ -400,26 +422,7 @@ class GraphTransformer(torch.nn.Module):
             backend (str, optional): every block's attention backend for this
                 call instead of the layers'. (default: :obj:`None`)
         """
-        # One graph object for every block: built (validated, pruned, analysed)
-        # once per call, whatever form the graph came in.
-        graph = graph_or_part(
-            edge_index,
-            num_src=x.shape[0],
-            num_dst=x.shape[0],
-            device=x.device,
-            batch=batch,
-            causal=self.causal,
-        )
-        if edge_attr is not None:
-            # Checked as the layers check it, then aligned with the graph's
-            # edges once for every layer.
-            check_tensor(edge_attr, "edge_attr")
-            if edge_index is None:
-                raise ValueError(
-                    "Expected an explicit 'edge_index' with 'edge_attr' (its rows follow the "
-                    "edges of edge_index), got edge_index=None"
-                )
-            edge_attr = graph.select_edges(edge_attr)
+        graph, edge_attr = self._inputs(x, edge_index, edge_attr, batch)
         weights: list[tuple[Tensor, Tensor]] = []
         for layer in self.layers:
             res = layer(
@@ -439,6 +442,61 @@ class GraphTransformer(torch.nn.Module):
         if return_attention_weights:
             return x, weights
         return x
+
+    def backend_for(
+        self,
+        x: Tensor,
+        edge_index: PartLike | None = None,
+        edge_attr: Tensor | None = None,
+        *,
+        batch: Tensor | None = None,
+        backend: str | None = None,
+    ) -> list[BackendChoice]:
+        """The backend each block's attention takes in ``self(x, edge_index, edge_attr,
+        batch=batch)``, and why: one per block, as ``return_attention_weights`` gives
+        one ``(edge_index, alpha)`` per block (blocks may have backends of their own).
+
+        Example:
+            >>> from gnnattn.nn import GraphTransformer
+            >>> model = GraphTransformer(2, 16, 4)
+            >>> [c.backend for c in model.backend_for(torch.randn(6, 16))]
+            ['sdpa', 'sdpa']
+        """
+        graph, edge_attr = self._inputs(x, edge_index, edge_attr, batch)
+        return [
+            self._layer(i).backend_for(x, graph, edge_attr, backend=backend)
+            for i in range(self.num_layers)
+        ]
+
+    def _inputs(
+        self,
+        x: Tensor,
+        edge_index: PartLike | None,
+        edge_attr: Tensor | None,
+        batch: Tensor | None,
+    ) -> tuple[AnyGraph, Tensor | None]:
+        """One graph object for every block, and ``edge_attr`` on its edges."""
+        # Built (validated, pruned, analysed) once per call, whatever form the
+        # graph came in.
+        graph = graph_or_part(
+            edge_index,
+            num_src=x.shape[0],
+            num_dst=x.shape[0],
+            device=x.device,
+            batch=batch,
+            causal=self.causal,
+        )
+        if edge_attr is not None:
+            # Checked as the layers check it, then aligned with the graph's
+            # edges once for every layer.
+            check_tensor(edge_attr, "edge_attr")
+            if edge_index is None:
+                raise ValueError(
+                    "Expected an explicit 'edge_index' with 'edge_attr' (its rows follow the "
+                    "edges of edge_index), got edge_index=None"
+                )
+            edge_attr = graph.select_edges(edge_attr)
+        return graph, edge_attr
 
     @classmethod
     def from_torch(cls, encoder: torch.nn.TransformerEncoder, **kwargs) -> GraphTransformer:

@@ -9,8 +9,8 @@ from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
 from ..checks import check_float, check_int, check_tensor
-from ..ops import AttentionOutput, check_backend
-from .parts import AnyGraph, PartLike, attend, graph_or_part
+from ..ops import AttentionOutput, BackendChoice, check_backend
+from .parts import AnyGraph, PartLike, attend, choose, graph_or_part
 
 __all__ = ["TransformerConv"]
 
@@ -76,7 +76,8 @@ class TransformerConv(MessagePassing):
             \mathbf{x}_i`. (default: :obj:`True`)
         backend (str, optional): ``"auto"``, ``"fused"``, ``"mp"`` (the
             message-passing reference) or ``"sdpa"``; a call can override
-            it. (default: ``"auto"``)
+            it, and :meth:`backend_for` says which one a call takes and why.
+            (default: ``"auto"``)
 
     Shapes:
         - **input:** ``x`` ``[|V|, F_in]`` or ``([|V_s|, F_s], [|V_t|, F_t])``,
@@ -173,18 +174,8 @@ class TransformerConv(MessagePassing):
             backend (str, optional): this call's backend instead of the
                 layer's. (default: :obj:`None`)
         """
-        x_src, x_dst = (x, x) if isinstance(x, Tensor) else self._pair(x)
-        bipartite = not isinstance(x, Tensor)
-        check_tensor(x_dst, "x")
+        graph, x_src, x_dst, edge_attr = self._inputs(x, edge_index, edge_attr)
         h, c = self.heads, self.out_channels
-        graph = graph_or_part(
-            edge_index,
-            num_src=x_src.shape[0],
-            num_dst=x_dst.shape[0],
-            device=x_dst.device,
-            bipartite=bipartite,
-        )
-        edge_attr = self._edge_attr(edge_attr, graph)
         q = self.lin_query(x_dst).view(-1, h, c)  # (N, H, C)
         k = self.lin_key(x_src).view(-1, h, c)  # (M, H, C)
         v = self.lin_value(x_src).view(-1, h, c)  # (M, H, C)
@@ -216,6 +207,49 @@ class TransformerConv(MessagePassing):
             given = edge_index if isinstance(edge_index, Tensor) else edge_index.edge_index
             return out, (given, res.weights)
         return out
+
+    def backend_for(
+        self,
+        x: Tensor | tuple[Tensor, Tensor],
+        edge_index: PartLike,
+        edge_attr: Tensor | None = None,
+        *,
+        backend: str | None = None,
+    ) -> BackendChoice:
+        """The backend the call ``self(x, edge_index, edge_attr)`` takes, and why.
+
+        Example:
+            >>> conv = TransformerConv(8, 4, heads=2)
+            >>> ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+            >>> conv.backend_for(torch.randn(3, 8), ei)
+            BackendChoice(backend='fused', reason='sparse graph: the fused cpu kernel')
+        """
+        graph, _, x_dst, edge_attr = self._inputs(x, edge_index, edge_attr)
+        return choose(
+            x_dst.new_empty(0, self.heads, self.out_channels),
+            graph,
+            backend=self.backend if backend is None else check_backend(backend),
+            dropout_p=self.dropout if self.training else 0.0,
+            edge_attr=edge_attr is not None,
+        )
+
+    def _inputs(
+        self,
+        x: Tensor | tuple[Tensor, Tensor],
+        edge_index: PartLike,
+        edge_attr: Tensor | None,
+    ) -> tuple[AnyGraph, Tensor, Tensor, Tensor | None]:
+        """``(graph, x_src, x_dst, edge_attr)`` checked, with ``edge_attr`` on the graph's edges."""
+        x_src, x_dst = (x, x) if isinstance(x, Tensor) else self._pair(x)
+        check_tensor(x_dst, "x")
+        graph = graph_or_part(
+            edge_index,
+            num_src=x_src.shape[0],
+            num_dst=x_dst.shape[0],
+            device=x_dst.device,
+            bipartite=not isinstance(x, Tensor),
+        )
+        return graph, x_src, x_dst, self._edge_attr(edge_attr, graph)
 
     def _pair(self, x: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         if not isinstance(x, (tuple, list)) or len(x) != 2:
