@@ -187,16 +187,17 @@ def test_results_do_not_depend_on_the_thread_count(case):
 def test_hubs_are_cut_into_pieces_by_the_graph_alone():
     # 1000 targets of degree 1, then one of degree 5000: the hub is cut into
     # pieces of _piece_limit(E) edges; the chunks skip it and balance the rest.
-    p = csr_of([1] * 1000 + [5000]).numpy()
-    plan = plans._Plan(p, int(p[-1]), threads=2)
+    p = csr_of([1] * 1000 + [5000])
+    plan = plans._Plan.make(p, int(p[-1]), threads=2)
     assert plan.limit == plans._piece_limit(6000) == 2048
     assert plan.bounds[0] == 0 and plan.bounds[-1] == 1001 and (np.diff(plan.bounds) > 0).all()
     assert plan.pieces[:, 0].tolist() == [1000] * 3 and plan.seg.tolist() == [0, 3]
     assert plan.pieces[:, 1].tolist() == [1000, 3048, 5096]
     assert plan.pieces[:, 2].tolist() == [3048, 5096, 6000]
     # No hub: chunks of whole segments with about equal edge counts.
-    p = csr_of([3] * 999 + [30]).numpy()
-    plan = plans._Plan(p, int(p[-1]), threads=2)
+    p = csr_of([3] * 999 + [30])
+    plan = plans._Plan.make(p, int(p[-1]), threads=2)
+    p = p.numpy()
     edges = p[plan.bounds[1:]] - p[plan.bounds[:-1]]
     assert plan.pieces.shape == (0, 3) and edges.sum() == 3027 and len(edges) > 1
 

@@ -14,7 +14,7 @@ import torch
 
 from gnnattn import AttentionGraph
 from gnnattn.kernels import COMPILED
-from gnnattn.kernels.library import draw_key, plan_tensors
+from gnnattn.kernels.library import attention, draw_key, plan_tensors
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -79,6 +79,29 @@ def test_opcheck_attention(name: str, options: str, planned: bool) -> None:
     dtype = torch.float64 if DEV == "cpu" else torch.float32
     args = _attention_args(name, options, planned, dtype)
     torch.library.opcheck(torch.ops.gnnattn.attention_fwd.default, args)
+
+
+@pytest.mark.parametrize("name", ["hub", "isolated", "empty"])
+def test_eager_path_equals_the_op(name: str) -> None:
+    """``library.attention`` runs the op's implementation under its own autograd
+    function in eager mode (no dispatcher): outputs and gradients bitwise the op's."""
+    args = _attention_args(name, "edge+dropout+bias", True, torch.float64)
+    results = []
+    for call in (attention, torch.ops.gnnattn.attention_fwd):
+        inputs = [
+            a.detach().requires_grad_()
+            if isinstance(a, torch.Tensor) and a.is_floating_point()
+            else a
+            for a in args
+        ]
+        out, lse, eo = call(*inputs)
+        (out.sum() + (eo * 2).sum()).backward()
+        grads = [t.grad for t in inputs if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        results.append([out, lse, eo, *grads])
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+    with torch.no_grad():  # no autograd function at all
+        assert torch.equal(attention(*args)[0], results[1][0])
 
 
 def test_opcheck_attention_backward_directly() -> None:

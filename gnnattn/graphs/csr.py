@@ -35,6 +35,12 @@ def is_sorted_by_target(edge_index: Tensor) -> bool:
     return bool(ok.all())
 
 
+def _on_host(t: Tensor) -> bool:
+    """Whether the CPU's counting sorts (:mod:`gnnattn.kernels.cpu.layouts`) build the
+    layout: a CPU tensor outside ``torch.compile`` (which traces the torch version)."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def _counts(ids: Tensor, n: int) -> Tensor:
     """How often each id in ``[0, n)`` occurs, ``[n]`` int64.
 
@@ -106,10 +112,21 @@ def to_csr(edge_index: Tensor, num_nodes: int, num_src: int | None = None) -> CS
         tensor([0, 1, 3, 6])
     """
     num_src = num_nodes if num_src is None else num_src
+    if _on_host(edge_index):
+        from ..kernels.cpu.layouts import csr_order
+
+        ptr, perm = csr_order(edge_index, num_nodes, num_src)
+        col = edge_index[0].long()
+        return CSR(ptr, (col if perm is None else col[perm]).contiguous(), perm)
+    return _to_csr_torch(edge_index, num_nodes, num_src)
+
+
+def _to_csr_torch(edge_index: Tensor, num_nodes: int, num_src: int) -> CSR:
+    """:func:`to_csr` in torch ops: on any device, and traceable."""
     e = edge_index.shape[1]
+    col = edge_index[0].long()
     dst = edge_index[1].long()
     perm: Tensor | None = None
-    col = edge_index[0].long()
     # Inside torch.compile the order is not read (a data-dependent branch): the
     # edges are sorted, which keeps any order correct.
     if e > 1 and (torch.compiler.is_compiling() or not bool((dst[1:] >= dst[:-1]).all())):
@@ -174,6 +191,15 @@ def transpose_csr(
         >>> tptr.tolist(), trow.tolist(), tperm.tolist()
         ([0, 1, 3], [0, 0, 1], [1, 0, 2])
     """
+    if _on_host(col):
+        from ..kernels.cpu.layouts import transpose
+
+        return CSC(*transpose(ptr, col, num_src, dtype))
+    return _transpose_csr_torch(ptr, col, num_src, dtype)
+
+
+def _transpose_csr_torch(ptr: Tensor, col: Tensor, num_src: int, dtype: torch.dtype) -> CSC:
+    """:func:`transpose_csr` in torch ops: on any device, and traceable."""
     e = col.numel()
     n = ptr.numel() - 1
     tptr = torch.zeros(num_src + 1, dtype=torch.int64, device=col.device)

@@ -99,6 +99,22 @@ def _detect_window(lo: torch.Tensor, hi: torch.Tensor, i: torch.Tensor) -> Struc
     return None
 
 
+def _rows_are_ranges(ptr: torch.Tensor, col: torch.Tensor) -> bool:
+    """Whether every row has sources that step by exactly 1 (no gaps, no duplicates)."""
+    if col.device.type == "cpu" and not torch.compiler.is_compiling():
+        # One compiled pass that stops at the first row that is not a range (most
+        # graphs' first row): six torch ops over every edge cost more on small graphs.
+        from ..kernels.cpu.layouts import rows_are_ranges
+
+        return rows_are_ranges(ptr, col)
+    if bool((ptr.diff() == 0).any()):
+        return False
+    step = col[1:] - col[:-1]
+    row_start = torch.zeros(col.numel(), dtype=torch.bool, device=col.device)
+    row_start[ptr[:-1]] = True
+    return bool(((step == 1) | row_start[1:]).all())
+
+
 def detect_structure(csr: CSR, num_nodes: int, num_src: int | None = None) -> Structure | None:
     """Detect complete / causal / window structure (possibly batched) from the CSR.
 
@@ -116,14 +132,7 @@ def detect_structure(csr: CSR, num_nodes: int, num_src: int | None = None) -> St
     e = col.numel()
     if n == 0 or e == 0 or (num_src is not None and num_src != n):
         return None
-    deg = ptr.diff()
-    if bool((deg == 0).any()):
-        return None
-    # Within a row, sorted sources must step by exactly 1 (no gaps, no duplicates).
-    step = col[1:] - col[:-1]
-    row_start = torch.zeros(e, dtype=torch.bool, device=col.device)
-    row_start[ptr[:-1]] = True
-    if not bool(((step == 1) | row_start[1:]).all()):
+    if not _rows_are_ranges(ptr, col):
         return None
     lo = col[ptr[:-1]]
     hi = col[ptr[1:] - 1]

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from .common import Dropout, acc_dtype
 
-__all__ = ["draw_key", "dropout_of", "plan_from_tensors", "plan_tensors"]
+__all__ = ["attention", "draw_key", "dropout_of", "plan_from_tensors", "plan_tensors"]
 
 _OFFSET_MASK = 0x7FFF_FFFF
 
@@ -135,8 +135,7 @@ def _owned(results: list[Tensor | None], inputs: tuple[Any, ...], like: Tensor) 
 # --------------------------------------------------------------------------- attention
 
 
-@torch.library.custom_op("gnnattn::attention_fwd", mutates_args=())
-def attention_fwd(
+def _attention_fwd(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -181,6 +180,9 @@ def attention_fwd(
     return _owned([out, lse, eo], (q, k, v, bias, edge_attr, edge_query), q)
 
 
+attention_fwd = torch.library.custom_op("gnnattn::attention_fwd", mutates_args=())(_attention_fwd)
+
+
 @attention_fwd.register_fake
 def _attention_fwd_fake(
     q,
@@ -206,8 +208,7 @@ def _attention_fwd_fake(
     return out, lse, q.new_empty(n, h, f)
 
 
-@torch.library.custom_op("gnnattn::attention_bwd", mutates_args=())
-def attention_bwd(
+def _attention_bwd(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -277,6 +278,9 @@ def attention_bwd(
     grads = [dq, dk, dv, dbias, dea, deq]
     inputs = (q, k, v, out, lse, grad_out, bias, edge_attr, edge_query, edge_out, grad_edge_out)
     return _owned(grads, inputs, q)
+
+
+attention_bwd = torch.library.custom_op("gnnattn::attention_bwd", mutates_args=())(_attention_bwd)
 
 
 @attention_bwd.register_fake
@@ -350,13 +354,15 @@ def _attention_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor, grad_eo: T
     )
     need_dea = ea is not None and ctx.needs_input_grad[11]
     ge = grad_eo.contiguous() if ea is not None and grad_eo is not None else None
-    dq, dk, dv, dbias, dea, deq = torch.ops.gnnattn.attention_bwd(
+    grad_out = grad_out.contiguous()
+    bwd = _attention_bwd if _eager((q, grad_out)) else torch.ops.gnnattn.attention_bwd
+    dq, dk, dv, dbias, dea, deq = bwd(
         q,
         k,
         v,
         out,
         lse,
-        grad_out.contiguous(),
+        grad_out,
         ptr,
         col,
         plan,
@@ -395,6 +401,47 @@ def _attention_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor, grad_eo: T
 
 
 attention_fwd.register_autograd(_attention_backward, setup_context=_attention_setup)
+
+
+def _eager(tensors: tuple[Any, ...]) -> bool:
+    """Whether a call may run an op's implementation directly, without the dispatcher:
+    in eager mode (not compiling, no dispatch or function mode active: no tracer, no
+    fake tensors) on plain tensors. What the dispatcher and the registered autograd
+    then add, per call (a scan of the schema, a generated autograd function), was
+    half of the op's cost on a batch of molecules."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        return False
+    if torch._C._is_torch_function_mode_enabled():
+        return False
+    return all(type(t) is Tensor for t in tensors if isinstance(t, Tensor))
+
+
+class _Attention(torch.autograd.Function):
+    """``attention_fwd``'s registered autograd, applied to its implementation directly
+    (the eager path of :func:`attention`): the same setup and the same backward."""
+
+    @staticmethod
+    def forward(ctx: Any, *inputs: Any) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+        output = _attention_fwd(*inputs)
+        _attention_setup(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> Any:  # type: ignore[override]
+        return _attention_backward(ctx, *grads)
+
+
+def attention(*inputs: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """``torch.ops.gnnattn.attention_fwd(*inputs)`` with its autograd.
+
+    In eager mode on plain tensors the op's implementation runs directly
+    (:func:`_eager`); compiled, exported or traced, the op runs, which those see.
+    """
+    if not _eager(inputs):
+        return torch.ops.gnnattn.attention_fwd(*inputs)
+    if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in inputs):
+        return _Attention.apply(*inputs)
+    return _attention_fwd(*inputs)
 
 
 # --------------------------------------------------------------------------- segment softmax

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .. import kernels
 from ..graphs import AttentionGraph, segment_ids
+from ..kernels import library
 from ..kernels.common import acc_dtype
 from .args import AttentionArgs
 
@@ -80,7 +81,7 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
     if backward:
         tptr, trow, tperm = graph.kernel_layout("csc")
         csc_plan = graph.kernel_plan("csc")
-    out, lse, eo = torch.ops.gnnattn.attention_fwd(
+    out, lse, eo = library.attention(
         qc,
         kc,
         vc,

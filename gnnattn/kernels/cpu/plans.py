@@ -38,6 +38,7 @@ from torch import Tensor
 
 from ..common import Dropout, check_index, check_ptr
 from ._random import stream
+from .layouts import split
 
 _CHUNKS_PER_THREAD = 4
 # Hubs: a segment longer than max(_PIECE_MIN, E // _PIECES) edges is cut.
@@ -71,34 +72,33 @@ class _Plan:
         seg: ``[S + 1]``: the pieces of hub ``s`` are ``seg[s]:seg[s+1]``.
     """
 
-    def __init__(self, ptr: np.ndarray, num_edges: int, threads: int) -> None:
-        n = ptr.shape[0] - 1
-        self.limit = _piece_limit(num_edges)
-        deg = np.diff(ptr)
-        big = np.flatnonzero(deg > self.limit)
-        k = max(1, min(n, _CHUNKS_PER_THREAD * threads))
-        if big.size:
-            # Balance on the edges the chunks really run (plus one per node
-            # for its own row), not on the hubs they skip.
-            work = np.cumsum(np.minimum(deg, self.limit) + 1)
-            cuts = np.searchsorted(work, np.linspace(0, int(work[-1]), k + 1), side="left")
-        else:
-            cuts = np.searchsorted(ptr, np.linspace(0, num_edges, k + 1), side="left")
-        cuts[0], cuts[-1] = 0, n
-        # Equal cuts (a big segment, or no edges) make empty chunks: drop them.
-        self.bounds = np.unique(cuts).astype(np.int64)
-        counts = (deg[big] + self.limit - 1) // self.limit  # pieces per hub
-        self.seg = np.zeros(big.size + 1, np.int64)
-        np.cumsum(counts, out=self.seg[1:])
-        total = int(self.seg[-1])
-        self.pieces = np.empty((total, 3), np.int64)
-        if total:
-            hub = np.repeat(big, counts)
-            first = np.repeat(self.seg[:-1], counts)
-            start = ptr[hub] + (np.arange(total) - first) * self.limit
-            self.pieces[:, 0] = hub
-            self.pieces[:, 1] = start
-            self.pieces[:, 2] = np.minimum(start + self.limit, ptr[hub + 1])
+    bounds: np.ndarray
+    limit: int
+    pieces: np.ndarray
+    seg: np.ndarray
+
+    @classmethod
+    def make(cls, ptr: Tensor, num_edges: int, threads: int) -> _Plan:
+        """The split of a CSR with ``ptr`` for ``threads``."""
+        return cls.unpack(_packed(ptr, num_edges, threads).numpy(), num_edges)
+
+    @classmethod
+    def unpack(cls, flat: np.ndarray, num_edges: int) -> _Plan:
+        """The plan packed by :func:`_packed` (views of ``flat``, nothing copied)."""
+        k, p, s = (int(x) for x in flat[:3])
+        work = cls()
+        work.bounds = flat[3 : 3 + k]
+        work.pieces = flat[3 + k : 3 + k + 3 * p].reshape(p, 3)
+        work.seg = flat[3 + k + 3 * p : 3 + k + 3 * p + s]
+        work.limit = _piece_limit(num_edges)
+        return work
+
+
+def _packed(ptr: Tensor, num_edges: int, threads: int) -> Tensor:
+    """The split of a CSR with ``ptr`` for ``threads``, packed in one int64 tensor:
+    ``[K + 1, P, S + 1, bounds..., pieces..., seg...]`` (:func:`.layouts.split`)."""
+    k = max(1, min(ptr.numel() - 1, _CHUNKS_PER_THREAD * threads))
+    return split(ptr, num_edges, k, _piece_limit(num_edges))
 
 
 @dataclass(frozen=True, eq=False)
@@ -167,9 +167,9 @@ def plan_tensors(
     count, so it is not stored. ``check=False`` for indices known to be valid (a
     graph's own layouts, made from checked edges).
     """
-    w = _make_plan(ptr, col, num_cols, perm, check=check).work
-    head = np.array([w.bounds.size, w.pieces.shape[0], w.seg.size], np.int64)
-    return torch.from_numpy(np.concatenate([head, w.bounds, w.pieces.reshape(-1), w.seg]))
+    if check:
+        _check_csr(ptr, col, num_cols, perm, ("ptr", "col", "perm"))
+    return _packed(ptr, col.numel(), _threads())
 
 
 def plan_from_tensors(
@@ -177,13 +177,7 @@ def plan_from_tensors(
 ) -> CPUPlan:
     """The :class:`CPUPlan` of :func:`plan_tensors`' result (nothing is checked or scanned:
     the indices were checked when it was made)."""
-    flat = packed.numpy()
-    k, p, s = (int(x) for x in flat[:3])
-    work = _Plan.__new__(_Plan)
-    work.bounds = flat[3 : 3 + k]
-    work.pieces = flat[3 + k : 3 + k + 3 * p].reshape(p, 3)
-    work.seg = flat[3 + k + 3 * p : 3 + k + 3 * p + s]
-    work.limit = _piece_limit(col.numel())
+    work = _Plan.unpack(packed.numpy(), col.numel())
     pm = perm.contiguous().numpy() if perm is not None else None
     c, q = ptr.contiguous().numpy(), col.contiguous().numpy()
     return CPUPlan(c, q, pm, int(num_cols), _threads(), work)
@@ -199,22 +193,30 @@ def _make_plan(
 ) -> CPUPlan:
     """:func:`plan`; ``check=False`` for indices made here (a transposed CSR of checked ones)."""
     if check:
-        _on_cpu(names[1], col)
-        check_index(col, num_cols, names[1])
-        _on_cpu(names[0], ptr)
-        check_ptr(ptr, col.numel(), names[0])
-        if perm is not None:
-            _on_cpu(names[2], perm)
-            check_index(perm, col.numel(), names[2])
-            if perm.numel() != col.numel():
-                raise ValueError(
-                    f"Expected '{names[2]}' of shape [{col.numel()}], got {list(perm.shape)}"
-                )
+        _check_csr(ptr, col, num_cols, perm, names)
     p = ptr.contiguous().numpy()
     c = col.contiguous().numpy()
     pm = perm.contiguous().numpy() if perm is not None else None
     threads = _threads()
-    return CPUPlan(p, c, pm, int(num_cols), threads, _Plan(p, c.shape[0], threads))
+    work = _Plan.make(ptr, c.shape[0], threads)
+    return CPUPlan(p, c, pm, int(num_cols), threads, work)
+
+
+def _check_csr(
+    ptr: Tensor, col: Tensor, num_cols: int, perm: Tensor | None, names: tuple[str, str, str]
+) -> None:
+    """``ptr`` well formed and every id of ``col`` (and ``perm``) in range, or raise."""
+    _on_cpu(names[1], col)
+    check_index(col, num_cols, names[1])
+    _on_cpu(names[0], ptr)
+    check_ptr(ptr, col.numel(), names[0])
+    if perm is not None:
+        _on_cpu(names[2], perm)
+        check_index(perm, col.numel(), names[2])
+        if perm.numel() != col.numel():
+            raise ValueError(
+                f"Expected '{names[2]}' of shape [{col.numel()}], got {list(perm.shape)}"
+            )
 
 
 def _check_plan(
