@@ -1,9 +1,10 @@
-"""The README's Python snippets run as written, and CI installs and tests as it says.
+"""The README's and docs' Python snippets run as written, and CI installs and tests as the
+README says.
 
-The ```python blocks run in order in one namespace, as a reader pasting them
-into one session would (later blocks use the ``layer``, ``x`` and ``model`` of
-earlier ones). A block that cannot run here would carry ``no-run`` in its
-fence line (```python no-run); none does.
+The README's ```python blocks run in order in one namespace, as a reader pasting them
+into one session would (later blocks use the ``layer``, ``x`` and ``model`` of earlier
+ones); so do each docs page's, one namespace per page. A block that cannot run here
+would carry ``no-run`` in its fence line (```python no-run).
 """
 
 import re
@@ -14,12 +15,13 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```python([^\n]*)\n(.*?)^```$", re.M | re.S)
 
 
-def python_blocks() -> list[tuple[int, str]]:
-    """``(line, source)`` of every runnable ```python block of the README."""
-    text = README.read_text(encoding="utf-8")
+def python_blocks(path: Path = README) -> list[tuple[int, str]]:
+    """``(line, source)`` of every runnable ```python block of ``path``."""
+    text = path.read_text(encoding="utf-8")
     return [
         (text[: m.start()].count("\n") + 1, m.group(2))
         for m in FENCE.finditer(text)
@@ -27,18 +29,25 @@ def python_blocks() -> list[tuple[int, str]]:
     ]
 
 
-def test_the_readme_has_python_blocks():
+def doc_pages() -> list[Path]:
+    """The docs pages with runnable Python blocks."""
+    return [p for p in sorted(DOCS.glob("*.md")) if python_blocks(p)]
+
+
+def test_the_readme_is_a_front_door():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 210
     assert len(python_blocks()) >= 5
 
 
-def _run_all(tmp_path, monkeypatch) -> dict:
+def _run_all(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
     import matplotlib
 
     matplotlib.use("Agg")  # the drawing snippets make figures: files only
     monkeypatch.chdir(tmp_path)  # a snippet writes explorer.html
     ns: dict = {"__name__": "readme"}
-    for line, source in python_blocks():
-        code = compile(source, f"README.md, block at line {line}", "exec")
+    for line, source in python_blocks(path):
+        code = compile(source, f"{path.relative_to(ROOT)}, block at line {line}", "exec")
         exec(code, ns)
     return ns
 
@@ -47,21 +56,38 @@ def test_readme_python_blocks_run_as_written(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
     try:
-        ns = _run_all(tmp_path, monkeypatch)
+        ns = _run_all(README, tmp_path, monkeypatch)
     finally:
         plt.close("all")
     assert (tmp_path / "explorer.html").exists()
-    assert ns["classifier"](ns["data"]).shape == (2, 3)
+    assert ns["out"].shape == (128, 64)
+
+
+@pytest.mark.parametrize("page", doc_pages(), ids=lambda p: p.name)
+def test_docs_python_blocks_run_as_written(page, tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    try:
+        ns = _run_all(page, tmp_path, monkeypatch)
+    finally:
+        plt.close("all")
+    if page.name == "api.md":
+        assert ns["classifier"](ns["data"]).shape == (2, 3)
+
+
+def test_the_api_page_builds_a_model():
+    # The GPU test below reads its classifier: the page must keep it.
+    assert "api.md" in {p.name for p in doc_pages()}
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_readme_graph_classifier_runs_on_the_gpu(tmp_path, monkeypatch):
+def test_docs_graph_classifier_runs_on_the_gpu(tmp_path, monkeypatch):
     # Its pooling buffer once came without device=: a CPU tensor beside CUDA nodes.
     import matplotlib.pyplot as plt
 
     try:
-        ns = _run_all(tmp_path, monkeypatch)
+        ns = _run_all(DOCS / "api.md", tmp_path, monkeypatch)
     finally:
         plt.close("all")
     out = ns["classifier"].cuda()(ns["data"].cuda())

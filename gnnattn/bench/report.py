@@ -1,13 +1,16 @@
 """What ``gnnattn bench`` prints: the machine it ran on and one table per case.
 
-The tables show measured ratios only (each median over the case's baseline
-median); the numbers an issue asks for live in the README's Performance
-table and the issue's closing note, not here.
+The tables show each median and its ratio to the case's baseline median.
+:func:`machine_info` is what a figure is quoted with (date, CPU, threads,
+load, library versions); ``--json`` stores it beside the rows, and
+``docs/make_performance.py`` writes ``docs/performance.md``'s tables from it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import importlib.metadata
 import os
 import platform
 import subprocess
@@ -34,11 +37,30 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _git_commit() -> str | None:
+def _memory_gb() -> float | None:
+    """The machine's memory in GB (``MemTotal`` of ``/proc/meminfo``), where there is one."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) * 1024 / 1e9, 1)
+    return None
+
+
+def _version(dist: str) -> str | None:
+    """The installed version of the distribution ``dist`` (not imported), or ``None``."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _git(*args: str) -> str | None:
+    """The output of ``git ARGS`` in this package's checkout, or ``None`` (no git, no checkout)."""
     here = os.path.dirname(os.path.abspath(__file__))
     with contextlib.suppress(Exception):
         res = subprocess.run(
-            ["git", "-C", here, "rev-parse", "--short", "HEAD"],
+            ["git", "-C", here, *args],
             capture_output=True,
             text=True,
             timeout=5,
@@ -48,15 +70,28 @@ def _git_commit() -> str | None:
     return None
 
 
+def _git_commit() -> str | None:
+    return _git("rev-parse", "--short", "HEAD")
+
+
+def _git_dirty() -> bool | None:
+    """Whether tracked files differ from the commit (the figures are then not that commit's)."""
+    out = _git("status", "--porcelain", "--untracked-files=no")
+    return None if out is None else bool(out)
+
+
 def machine_info(device: str) -> dict[str, Any]:
-    """Where the figures come from: CPU, threads, load, device and versions."""
+    """Where and when the figures come from: date, CPU, memory, threads, load, device and
+    the versions of Python, torch, PyG, numba and triton."""
     import torch_geometric
 
     from .. import __version__, kernels
 
     info: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
+        "memory_gb": _memory_gb(),
         "threads": torch.get_num_threads(),
         "device": device,
         "python": platform.python_version(),
@@ -65,6 +100,7 @@ def machine_info(device: str) -> dict[str, Any]:
         "torch_geometric": torch_geometric.__version__,
         "gnnattn": __version__,
         "gnnattn_commit": _git_commit(),
+        "gnnattn_dirty": _git_dirty(),
         "kernels": kernels.get(torch.device(device)).__name__,
     }
     with contextlib.suppress(OSError):
@@ -76,6 +112,8 @@ def machine_info(device: str) -> dict[str, Any]:
 
         info["numba"] = numba.__version__
         info["numba_threads"] = numba.get_num_threads()
+    # Installed, whether or not this device runs it (the CPU kernels are numba's).
+    info["triton"] = _version("triton")
     if device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return info
