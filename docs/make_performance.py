@@ -66,6 +66,10 @@ def _mib(v: int | None) -> str:
     return f"{mib:.0f}" if mib >= 100 else f"{mib:.1f}"
 
 
+def _gbps(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}" if v >= 1 else f"{v:.2g}"
+
+
 def _num(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
@@ -161,7 +165,7 @@ def table(block: list[dict[str, Any]]) -> list[str]:
             ("memory x baseline", lambda r: _ratio(r.get("mem_ratio"))),
         ]
     if traffic:
-        cols.append(("GB/s", lambda r: _num(r.get("gbps"), ".1f")))
+        cols.append(("GB/s", lambda r: _gbps(r.get("gbps"))))
     if diff:
         cols.append(("max abs diff", lambda r: _num(r.get("max_abs_diff"), ".1e")))
     cols += [("reps", lambda r: str(r.get("reps", ""))), ("note", _note)]
