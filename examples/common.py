@@ -382,7 +382,7 @@ def init_distributed(backend: str, timeout: timedelta, name: str) -> None:
     (pytorch/pytorch#135712; here 3 restarts in 4 failed). Each attempt therefore meets
     under a prefix of its own (``name``, the script's, and
     ``TORCHELASTIC_RESTART_COUNT``, the same for all ranks of one torchrun agent; on
-    several machines it may differ between agents, hence the README's
+    several machines it may differ between agents, hence docs/distributed.md's
     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, which gives each attempt a new store and
     takes the plain path below).
     """

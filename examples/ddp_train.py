@@ -8,7 +8,7 @@ NCCL where every process has a GPU. Launch with torchrun:
     # one machine, 2 processes (CPU)
     torchrun --standalone --nproc_per_node 2 examples/ddp_train.py --quick
 
-    # several machines, surviving the loss of one (see the README): on each
+    # several machines, surviving the loss of one (see docs/distributed.md): on each
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes 2 --nproc_per_node 2 \\
         --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id RUN --max-restarts 3 \\
         examples/ddp_train.py --resume --out SHARED_DIR

@@ -19,7 +19,7 @@ CPUs. Launch with torchrun:
     # one machine, 2 processes
     torchrun --standalone --nproc_per_node 2 examples/distributed_graph.py --quick
 
-    # several machines (see the README): on each
+    # several machines (see docs/distributed.md): on each
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes 2 --nproc_per_node 2 \\
         --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id RUN --max-restarts 3 \\
         examples/distributed_graph.py --resume --out SHARED_DIR

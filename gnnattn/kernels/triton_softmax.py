@@ -75,8 +75,8 @@ which it handles, and compiles to ``scf.while``.
 Tested under ``TRITON_INTERPRET=1`` on CPU against the reference (split and
 unsplit segments, all ``-inf`` across a split, fp16 logits near 6e4); the
 tests also compile every kernel for sm_90 offline (that they lower, and that
-no float32 scalar reaches a float64 kernel). Not yet run on a GPU: ``.ci/gpu``
-is the probe for the first run. Compiled kernels do not bounds-check: without
+no float32 scalar reaches a float64 kernel). ``.ci/gpu`` runs them on a GPU
+(the H200 figures are in ``docs/gpu.md``). Compiled kernels do not bounds-check: without
 a ``plan=`` the host entry points check ``ptr`` (from 0 to ``E``,
 non-decreasing; a host synchronisation) before any launch; with one they
 check shapes only and never synchronise.

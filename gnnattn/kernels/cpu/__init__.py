@@ -22,7 +22,7 @@ longer fit in the caches every gathered row is a DRAM access, and a pass over
 the edges costs about one SpMM per gathered row. The forward gathers 2 rows
 per edge (:mod:`.forward`), the backward 4 in two passes
 (:mod:`._bwd_kernels`). Measured figures (the yardstick, each pass, the
-options) are in the README's performance section, from
+options) are in ``docs/performance.md``, from
 ``gnnattn bench --suite limit``.
 
 Layout:
