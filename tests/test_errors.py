@@ -239,3 +239,12 @@ def _sinusoidal(**kwargs):
     from gnnattn.nn import SinusoidalPositionalEncoding
 
     return SinusoidalPositionalEncoding(4, **kwargs)
+
+
+@pytest.mark.parametrize("make", [_transformer_layer, _transformer])
+def test_transformer_blocks_refuse_a_pair_of_inputs(make):
+    x = torch.randn(4, 8)
+    with pytest.raises(TypeError, match="Expected 'x' to be a Tensor.*TransformerConv"):
+        make()((x, x))
+    with pytest.raises(TypeError, match="Expected 'x' to be a Tensor, got ndarray"):
+        make()(x.numpy())

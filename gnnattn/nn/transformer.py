@@ -45,6 +45,17 @@ def _activation(activation: str | Callable[[Tensor], Tensor]) -> Callable[[Tenso
     return activation
 
 
+def _self_attention_input(x: object) -> None:
+    """A block is self-attention with a residual: ``x`` is one ``[|V|, D]`` tensor."""
+    if isinstance(x, (tuple, list)):
+        raise TypeError(
+            "Expected 'x' to be a Tensor [N, D] (a transformer block attends within one set "
+            "of nodes and adds x back), got a pair; for (x_src, x_dst) use "
+            "SelfAttentionConv or TransformerConv"
+        )
+    check_tensor(x, "x")
+
+
 class GraphTransformerLayer(torch.nn.Module):
     r"""A transformer encoder layer whose self-attention runs over a graph.
 
@@ -188,6 +199,7 @@ class GraphTransformerLayer(torch.nn.Module):
             backend (str, optional): the attention's backend for this call
                 instead of the layer's. (default: :obj:`None`)
         """
+        _self_attention_input(x)
         h = self.norm1(x) if self.norm_first else x
         res = self.self_attn(
             h,
@@ -422,6 +434,7 @@ class GraphTransformer(torch.nn.Module):
             backend (str, optional): every block's attention backend for this
                 call instead of the layers'. (default: :obj:`None`)
         """
+        _self_attention_input(x)
         graph, edge_attr = self._inputs(x, edge_index, edge_attr, batch)
         weights: list[tuple[Tensor, Tensor]] = []
         for layer in self.layers:
