@@ -262,3 +262,151 @@ def test_matrix_note_above_200_nodes():
         note = payload(explore((ei, alpha), layout="circular"))["matrixNote"]
         assert (note is None) == shown
     assert "not drawn above 200 nodes (201 here)" in note and "around=" in note
+
+
+# ------------------------------------------------------------- hostile labels
+
+FAMILY = "\U0001f469\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466"  # one emoji, 7 code points
+FLAG = "\U0001f1eb\U0001f1f7"  # two regional indicators
+
+
+def test_shorten_cuts_between_characters():
+    from gnnattn.viz.text import MAX_LABEL_CHARS, shorten
+
+    assert MAX_LABEL_CHARS == 200
+    assert shorten("x" * 200) == "x" * 200
+    assert shorten("x" * 201) == "x" * 200 + "…"
+    # An emoji ZWJ sequence, a letter and its accents, a flag, a skin tone: never split.
+    for unit in (FAMILY, "e\u0301\u0302", FLAG, "\U0001f44d\U0001f3fd", "\u0915\u094d\u0937"):
+        for limit in range(len(unit), 3 * len(unit) + 1):
+            cut = shorten(unit * 5, limit)
+            assert cut.endswith("…")
+            kept = cut[:-1]
+            assert len(kept) <= limit and len(kept) % len(unit) == 0, (unit, limit, kept)
+    # Flags after an odd run of indicators: the pairs are counted from the run's start.
+    assert shorten("a" + FLAG * 3, 4) == "a" + FLAG + "…"
+    # One character longer than the limit (a letter under 1000 marks) is cut inside.
+    zalgo = shorten("a" + "\u0301" * 1000, 10)
+    assert zalgo == "a" + "\u0301" * 9 + "…"
+    # RTL text and a script payload are cut like any other text.
+    assert shorten("\u05e9\u05dc\u05d5\u05dd" * 60, 5) == "\u05e9\u05dc\u05d5\u05dd\u05e9…"
+
+
+def test_long_labels_are_cut_and_the_page_says_so():
+    tokens = ["x" * 100_000, "ok", FAMILY * 100, "a" + "\u0301" * 1000, "\u0645" * 300]
+    n = len(tokens)
+    page = explore((complete_graph(n), torch.full((n * n,), 1 / n)), tokens=tokens)
+    d = payload(page)
+    labels = d["labels"]
+    assert labels[0] == "x" * 200 + "…" and labels[1] == "ok"
+    assert labels[2][:-1] == FAMILY * (200 // len(FAMILY)) and labels[2][-1] == "…"
+    assert labels[3] == "a" + "\u0301" * 199 + "…" and labels[4] == "\u0645" * 200 + "…"
+    assert d["maxLabel"] == 200
+    note = "4 labels longer than 200 characters cut to their first 200 and '…'"
+    assert d["notes"] == [note] and page.notes == [note]
+    assert len(page.html) < 400_000  # not 100k characters more
+    # Class and layer names are labels too.
+    page = explore(
+        (complete_graph(2), torch.full((4,), 0.5)),
+        node_color=["y" * 300, "b"],
+        layer_names=["z" * 250],
+    )
+    d = payload(page)
+    assert d["groups"]["names"] == ["b", "y" * 200 + "…"]
+    assert d["layers"][0]["name"] == "z" * 200 + "…"
+    assert "2 labels longer" in page.notes[0]
+    assert payload(explore((complete_graph(2), torch.full((4,), 0.5))))["notes"] == []
+
+
+def test_hostile_labels_stay_data():
+    tokens = [
+        "</script><script>window.pwned = 1</script>",
+        "<!--<script>",
+        "</SCRIPT >",
+        "\u05e9\u05dc\u05d5\u05dd",
+        "\u202eevil\u202c",
+        "e\u0301",
+        FAMILY,
+    ]
+    n = len(tokens)
+    page = explore((complete_graph(n), torch.full((n * n,), 1 / n)), tokens=tokens, title="</h1>")
+    assert page.html.count("</script>") == 3  # data, d3, the page's own code
+    block = re.search(
+        r'<script type="application/json" id="gnnattn-data">(.*?)</script>', page.html, re.S
+    )
+    assert block is not None and "<" not in block.group(1)
+    assert payload(page)["labels"] == tokens
+    assert "<title>&lt;/h1&gt;</title>" in page.html
+
+
+# ------------------------------------------------------------------ structure
+
+BENZENE = [(k, (k + 1) % 6) for k in range(6)] + [(k, k + 6) for k in range(6)]
+
+
+def bonds(pairs: list[tuple[int, int]]) -> torch.Tensor:
+    # As PyG stores a molecule: both directions of every bond.
+    return torch.tensor(pairs + [(b, a) for a, b in pairs]).t()
+
+
+def structure_pairs(d: dict) -> set[tuple[int, int]]:
+    s = d["structure"]
+    dtype = "<u2" if d["idx"] == "u16" else "<i4"
+    a, b = decode(s["a"], dtype), decode(s["b"], dtype)
+    assert len(a) == len(b) == s["count"]
+    return {(int(x), int(y)) for x, y in zip(a, b, strict=True)}
+
+
+def test_structure_is_written_as_undirected_pairs():
+    n = 12
+    ei, alpha = complete_graph(n), torch.full((n * n,), 1 / n)
+    # Both directions, a self-loop and a duplicate: one pair per bond.
+    s = torch.cat([bonds(BENZENE), torch.tensor([[3, 0], [3, 1]])], dim=1)
+    page = explore((ei, alpha), structure=s)
+    d = payload(page)
+    assert structure_pairs(d) == {(min(a, b), max(a, b)) for a, b in BENZENE}
+    assert page.num_structure_edges == 12 == d["structure"]["count"]
+    # The molecule's shape, not the complete graph's circle; a layout asked for wins.
+    assert page.layout == "spring"
+    assert explore((ei, alpha), structure=s, layout="circular").layout == "circular"
+    assert explore((ei, alpha), structure=s, pos=torch.randn(n, 2)).layout == "given"
+    # int32 works, and so does an empty structure (drawn as nothing).
+    assert explore((ei, alpha), structure=s.int()).num_structure_edges == 12
+    empty = explore((ei, alpha), structure=torch.zeros(2, 0, dtype=torch.long))
+    assert empty.num_structure_edges == 0 and empty.layout == "circular"
+    none = explore((ei, alpha))
+    assert none.num_structure_edges is None and payload(none)["structure"] is None
+
+
+def test_structure_positions_follow_the_bonds():
+    # A bonded pair is closer than the average pair: the drawing shows the molecule.
+    n = 12
+    d = payload(explore((complete_graph(n), torch.full((n * n,), 1 / n)), structure=bonds(BENZENE)))
+    xy = np.stack([decode(d["x"], "<f4"), decode(d["y"], "<f4")], axis=1)
+    dist = np.linalg.norm(xy[:, None] - xy[None], axis=-1)
+    bonded = np.mean([dist[a, b] for a, b in BENZENE])
+    assert bonded < 0.6 * dist[np.triu_indices(n, 1)].mean()
+
+
+def test_structure_in_a_neighbourhood_is_renumbered():
+    ei, alpha, _ = random_attention(300, 4)
+    s = torch.stack([torch.arange(299), torch.arange(1, 300)])  # a path over every node
+    page = explore((ei, alpha), around=42, hops=1, structure=s)
+    d = payload(page)
+    ids = d["ids"]
+    expected = {(ids.index(v), ids.index(v + 1)) for v in range(299) if v in ids and v + 1 in ids}
+    assert structure_pairs(d) == expected and page.num_structure_edges == len(expected)
+
+
+def test_structure_bad_input():
+    ei, alpha = complete_graph(3), torch.full((9,), 1 / 3)
+    with pytest.raises(TypeError, match="Expected 'structure' to be a Tensor, got list"):
+        explore((ei, alpha), structure=[[0, 1], [1, 2]])
+    with pytest.raises(TypeError, match="Expected 'structure' of dtype torch.int64.*float32"):
+        explore((ei, alpha), structure=torch.zeros(2, 2))
+    with pytest.raises(ValueError, match=r"Expected 'structure' of shape \[2, E\], got \[3, 2\]"):
+        explore((ei, alpha), structure=torch.zeros(3, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"'structure'\[1\] below the number of nodes 3, got 5"):
+        explore((ei, alpha), structure=torch.tensor([[0], [5]]))
+    with pytest.raises(ValueError, match="'structure' to hold node ids >= 0, got -1"):
+        explore((ei, alpha), structure=torch.tensor([[0], [-1]]))

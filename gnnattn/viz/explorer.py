@@ -33,7 +33,7 @@ no dependencies, inlined so the page opens offline. The edges are stroked on
 a ``<canvas>`` in 256 weight levels (one path per level); d3 does zoom and
 pan, the node quadtree for hit-testing, the colour scale and the DOM. The
 alternatives considered (cytoscape.js, plotly, sigma.js) and the page's measured
-load and repaint times are in the README ("See it").
+load and repaint times are in ``docs/explorer.md``.
 
 **Scale.** Arrays are written compactly (base64 of little-endian uint16 or
 int32 source ids, int32 CSR row pointers, float32 weights per head), so the
@@ -41,7 +41,14 @@ file grows linearly: 2.7 bytes per edge (uint16 ids) plus 5.3 per edge and
 head (10.7 with ``scores``), plus 0.32 MB of fixed code. A layer with more
 than ``max_edges`` edges is cut in Python to the top k edges per target (the
 largest k that fits), and the page says so. Hovering tests only the drawn
-edges, in one pass.
+edges, in one pass. Labels longer than
+:data:`~gnnattn.viz.text.MAX_LABEL_CHARS` are cut before writing (the page
+says so); the JSON block holds no ``<`` at all, so no label can close its
+``<script>``.
+
+**Structure.** ``structure=edge_index`` (a molecule's bonds under attention
+over the complete graph) is written as unordered pairs and drawn first, as
+thin grey straight lines under the attention arcs.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -63,6 +70,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..graphs import check_edge_index
 from .convert import labels_of, top_k_per_target
 from .groups import Groups, node_groups
 from .inputs import (
@@ -76,7 +84,7 @@ from .inputs import (
 from .layout import choose_layout, circular, layered, spring
 from .limits import MAX_MATRIX_NODES
 from .neighbourhood import neighbourhood
-from .text import clean
+from .text import MAX_LABEL_CHARS, clean, shorten
 
 __all__ = ["AttentionExplorer", "explore"]
 
@@ -88,6 +96,8 @@ OPACITY_FLOOR = 0.05
 # force layout slows with every edge, and the weak edges would only pull every
 # node towards the centre.
 SPRING_EDGES_PER_TARGET = 8
+# Up to this many nodes a given structure is laid out by Kamada-Kawai.
+STRUCTURE_KK_NODES = 100
 # Arc bend of an edge (matplotlib's arc3 ``rad``), per layout, as in the drawings.
 _RAD = MappingProxyType({"circular": 0.12, "layered": -0.45, "spring": 0.15, "given": 0.15})
 
@@ -110,8 +120,9 @@ class AttentionExplorer:
 
     Made by :func:`explore`. Attributes: ``html`` (the page), ``num_nodes``,
     ``num_edges`` (per layer, as written), ``layout`` (the layout used:
-    ``"circular"``, ``"layered"``, ``"spring"`` or ``"given"``) and ``notes``
-    (what the page says was cut).
+    ``"circular"``, ``"layered"``, ``"spring"`` or ``"given"``), ``notes``
+    (what the page says was cut) and ``num_structure_edges`` (the undirected
+    edges of ``structure`` drawn, or ``None`` without one).
 
     Example:
         >>> page = explore((causal_graph(2), torch.tensor([1.0, 0.25, 0.75])))
@@ -120,13 +131,21 @@ class AttentionExplorer:
     """
 
     def __init__(
-        self, page: str, *, num_nodes: int, num_edges: list[int], layout: str, notes: list[str]
+        self,
+        page: str,
+        *,
+        num_nodes: int,
+        num_edges: list[int],
+        layout: str,
+        notes: list[str],
+        num_structure_edges: int | None = None,
     ) -> None:
         self.html = page
         self.num_nodes = num_nodes
         self.num_edges = num_edges
         self.layout = layout
         self.notes = notes
+        self.num_structure_edges = num_structure_edges
 
     def save(self, path: str | Path) -> Path:
         """Write the page to ``path`` (UTF-8); returns the path."""
@@ -215,14 +234,39 @@ def _prepare(
     )
 
 
-def _layout(first: _Layer, full_edges: Tensor, n: int, layout: str) -> tuple[np.ndarray, str]:
+def _structure_layout(g: nx.Graph) -> dict[int, tuple[float, float]]:
+    """Positions from the given structure: Kamada-Kawai for a small connected one, else spring."""
+    # Kamada-Kawai draws a small molecule as chemists do (a benzene ring as a
+    # hexagon, where the spring layout folds a hydrogen inside); it costs
+    # O(N^2) and 0.4 s at 100 nodes, and puts separate components on a circle.
+    if g.number_of_nodes() <= STRUCTURE_KK_NODES and nx.is_connected(g):
+        try:
+            raw = nx.kamada_kawai_layout(g)
+        except ImportError:  # pragma: no cover - scipy is in the viz extra
+            return spring(g)
+        return {v: (float(p[0]), float(p[1])) for v, p in raw.items()}
+    return spring(g)
+
+
+def _layout(
+    first: _Layer, full_edges: Tensor, n: int, layout: str, structure: Tensor | None
+) -> tuple[np.ndarray, str]:
     """Positions ``[N, 2]`` (y up) and the layout's name."""
-    name = choose_layout(full_edges, n, layout)
+    # A given structure (a molecule's bonds) is the shape to draw: attention
+    # over a complete graph has none, and a circle would hide the molecule.
+    by_structure = structure is not None and structure.shape[1] > 0 and layout in ("auto", "spring")
+    name = "spring" if by_structure else choose_layout(full_edges, n, layout)
     if n == 0:
         return np.zeros((0, 2)), name
     if n == 1:
         return np.zeros((1, 2)), name
-    if name == "circular":
+    if by_structure and structure is not None:
+        # Undirected: networkx's spring pulls both ends of an edge only in a Graph.
+        g = nx.Graph()
+        g.add_nodes_from(range(n))
+        g.add_edges_from(zip(structure[0].tolist(), structure[1].tolist(), strict=True))
+        pos = _structure_layout(g)
+    elif name == "circular":
         pos = circular(list(range(n)))
     else:
         ei = first.edge_index
@@ -296,6 +340,9 @@ def _payload(layers: list[_Layer], view: _View, xy: np.ndarray, layout: str) -> 
         "n": n,
         "idx": "u16" if idx == "<u2" else "i32",
         "labels": view.labels,
+        # The page cuts a longer label too (a page is only written here, but a
+        # browser takes seconds to measure 100k combining marks).
+        "maxLabel": MAX_LABEL_CHARS,
         # The original node ids of a neighbourhood (None: node k is node k).
         "ids": view.ids,
         "groups": None if view.groups is None else asdict(view.groups),
@@ -308,9 +355,17 @@ def _payload(layers: list[_Layer], view: _View, xy: np.ndarray, layout: str) -> 
         "maxWidth": MAX_WIDTH,
         "opacityFloor": OPACITY_FLOOR,
         "layers": out,
-        "notes": [lay.note for lay in layers if lay.note],
+        # Notes about the whole page; each layer's own note is shown with its layer.
+        "notes": view.notes,
         "empty": _empty_note(layers, n),
         "matrixNote": _matrix_note(n),
+        "structure": None
+        if view.structure is None
+        else {
+            "count": view.structure.shape[1],
+            "a": _b64(view.structure[0].numpy().astype(idx)),
+            "b": _b64(view.structure[1].numpy().astype(idx)),
+        },
     }
 
 
@@ -357,16 +412,68 @@ class _View:
     groups: Groups | None
     around: int | None
     hops: int
+    structure: Tensor | None = None  # [2, S] undirected pairs, smaller id first
+    notes: list[str] = field(default_factory=list)  # about the whole page
+
+
+def _checked_structure(structure: Any, n: int) -> Tensor | None:
+    """``structure`` checked against the ``n`` nodes, as a plain int64 CPU tensor."""
+    if structure is None:
+        return None
+    ei = check_edge_index(structure, n, name="structure")
+    # A torch_geometric EdgeIndex is a Tensor subclass whose ops keep its metadata.
+    return ei.detach().as_subclass(Tensor).long().cpu()
+
+
+def _undirected(ei: Tensor, n: int) -> Tensor:
+    """Each unordered pair ``{j, i}`` of ``ei`` once, smaller id first; self-loops dropped.
+
+    A bond is drawn as one line whichever way it was listed (PyG lists both).
+    """
+    a, b = torch.minimum(ei[0], ei[1]), torch.maximum(ei[0], ei[1])
+    keep = a != b
+    key = torch.unique(a[keep] * max(n, 1) + b[keep])
+    return torch.stack([key // max(n, 1), key % max(n, 1)])
+
+
+def _short_labels(view: _View, names: list[str]) -> list[str]:
+    """Cut over-long labels, class names and layer names (the page says so); returns the names."""
+    count = 0
+
+    def cut(texts: list[str]) -> list[str]:
+        nonlocal count
+        out = [shorten(t) for t in texts]
+        count += sum(a is not b for a, b in zip(out, texts, strict=True))
+        return out
+
+    view.labels = cut(view.labels)
+    if view.groups is not None:
+        view.groups = Groups(cut(view.groups.names), view.groups.of)
+    names = cut(names)
+    if count:
+        view.notes.append(
+            f"{count:,} label{'s' * (count > 1)} longer than {MAX_LABEL_CHARS} characters cut to "
+            f"their first {MAX_LABEL_CHARS} and '\u2026'"
+        )
+    return names
 
 
 def _view(
-    checked: list[Any], n: int, tokens: Any, pos: Any, node_color: Any, around: Any, hops: Any
+    checked: list[Any],
+    n: int,
+    tokens: Any,
+    pos: Any,
+    node_color: Any,
+    around: Any,
+    hops: Any,
+    structure: Tensor | None,
 ) -> _View:
     labels = labels_of(n, tokens)
     xy = None if pos is None else positions_given(pos, n)
     groups = None if node_color is None else node_groups(node_color, n)
     if around is None:
-        return _View(checked, labels, None, xy, groups, None, hops)
+        s = None if structure is None else _undirected(structure, n)
+        return _View(checked, labels, None, xy, groups, None, hops, s)
     nb = neighbourhood(checked[0][0], around, hops, n)
     layers = []
     for ei, a, s in checked:
@@ -386,6 +493,7 @@ def _view(
         groups,
         around,
         hops,
+        None if structure is None else _undirected(nb.edges(structure)[0], len(nb.nodes)),
     )
 
 
@@ -403,11 +511,21 @@ def explore(
     node_color: Any = None,
     around: int | None = None,
     hops: int = 2,
+    structure: Tensor | None = None,
 ) -> AttentionExplorer:
     r"""An interactive page of the attention weights: graph and matrix, linked.
 
     Above 200 nodes (:data:`~gnnattn.viz.limits.MAX_MATRIX_NODES`) the matrix
     is replaced by a note: its cells would be a pixel or less.
+
+    Labels (``tokens``, the class names of ``node_color``, ``layer_names``)
+    longer than 200 code points (:data:`~gnnattn.viz.text.MAX_LABEL_CHARS`)
+    are cut to their first 200 and an ellipsis before they are written, never
+    inside what reads as one character (an accented letter, an emoji
+    sequence, a flag); the page's notes and :attr:`AttentionExplorer.notes`
+    say how many were cut. Labels are data, never markup: ``"</script>"``,
+    right-to-left text, combining marks and emoji are written and drawn as
+    they are.
 
     Args:
         attentions: ``(edge_index, alpha)`` as a layer returns it with
@@ -432,10 +550,28 @@ def explore(
             (:mod:`gnnattn.viz.neighbourhood`), labelled with the original ids
             or tokens. (default: :obj:`None`, every node)
         hops (int, optional): the neighbourhood's depth. (default: ``2``)
+        structure (Tensor, optional): ``[2, E']`` edges of the underlying
+            graph over the same nodes (a molecule's bonds, a citation graph),
+            drawn under the attention edges as thin grey lines without
+            direction (``j -> i`` and ``i -> j`` are one line, self-loops are
+            not drawn) and marked in the corner of their matrix cells; a
+            checkbox shows or hides them. With ``layout="auto"`` or
+            ``"spring"`` (and no ``pos``) the positions come from these
+            edges (Kamada-Kawai for a connected structure of up to 100
+            nodes, the spring layout otherwise), so that a complete graph
+            over a molecule is drawn in the molecule's shape.
+            (default: :obj:`None`)
 
     Shapes:
         - **edge_index:** ``[2, E]`` per layer; **alpha:** ``[E, H]`` or ``[E]``;
           the page's size grows linearly in :math:`E \cdot H`.
+        - **structure:** ``[2, E']``, int64 (or int32), ids below :math:`N`.
+
+    Raises:
+        TypeError: an argument of the wrong type (``structure`` not a tensor,
+            or not an integer one, ...), naming it.
+        ValueError: an argument of the wrong shape or value (``structure``
+            not ``[2, E']``, or with ids out of range, ...), naming it.
 
     Returns:
         AttentionExplorer: ``save(path)`` writes the HTML file.
@@ -445,13 +581,19 @@ def explore(
         >>> page = explore((ei, torch.full((9, 2), 1 / 3)), tokens=["a", "b", "c"])
         >>> page.layout, page.num_edges, "<canvas" in page.html
         ('circular', [9], True)
+        >>> bonds = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])  # a chain a - b - c
+        >>> page = explore((ei, torch.full((9,), 1 / 3)), structure=bonds)
+        >>> page.num_structure_edges, page.layout
+        (2, 'spring')
     """
     pairs = as_layers(attentions)
     score_list = as_scores(scores, len(pairs))
     names = check_options(len(pairs), layout, max_edges, layer_names, title)
     n = count_nodes(pairs, num_nodes, tokens, pos)
     checked = checked_layers(pairs, score_list, n, tokens)
-    view = _view(checked, n, tokens, pos, node_color, around, hops)
+    bonds = _checked_structure(structure, n)
+    view = _view(checked, n, tokens, pos, node_color, around, hops, bonds)
+    names = _short_labels(view, names)
     m = len(view.labels)
     layers = [
         _prepare(ei, a, s, m, names[k], max_edges) for k, (ei, a, s) in enumerate(view.layers)
@@ -459,7 +601,7 @@ def explore(
     if view.xy is not None:
         xy, used = view.xy, "given"
     else:
-        xy, used = _layout(layers[0], view.layers[0][0], m, layout)
+        xy, used = _layout(layers[0], view.layers[0][0], m, layout, view.structure)
     payload = _payload(layers, view, xy, used)
     page = _render(payload, clean(title) if title is not None else _default_title(layers, view))
     return AttentionExplorer(
@@ -467,5 +609,6 @@ def explore(
         num_nodes=m,
         num_edges=[lay.edge_index.shape[1] for lay in layers],
         layout=used,
-        notes=payload["notes"],
+        notes=view.notes + [lay.note for lay in layers if lay.note],
+        num_structure_edges=None if view.structure is None else view.structure.shape[1],
     )

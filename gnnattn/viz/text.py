@@ -7,20 +7,86 @@ no LaTeX, whatever the user's ``rcParams``). Strings also pass through
 :func:`clean` before they reach a page or a figure: a lone UTF-16 surrogate
 (``"\\ud800"``, which Python strings may hold but UTF-8 cannot encode) becomes
 U+FFFD, so that saving never raises ``UnicodeEncodeError``.
+
+A label too long to be read is cut by :func:`shorten` (the explorer page cuts
+at :data:`MAX_LABEL_CHARS`): at a code point that starts a character as the
+reader sees it (never before a combining mark, a variation selector, a skin
+tone, or inside an emoji ZWJ sequence, an Indic conjunct or a flag), then an
+ellipsis.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
 from torch import Tensor
 
-__all__ = ["PLAIN", "check_labels", "check_str", "clean"]
+__all__ = ["MAX_LABEL_CHARS", "PLAIN", "check_labels", "check_str", "clean", "shorten"]
 
 # Keyword arguments of matplotlib's Text: the string is drawn as it is.
 PLAIN = MappingProxyType({"parse_math": False, "usetex": False})
+
+# The longest label (in code points) the explorer writes: a node circle shows
+# a dozen characters and a tooltip a few lines, while a 100k-character label
+# would only make the page slow to load and to draw.
+MAX_LABEL_CHARS = 200
+
+_ZWJ = "\u200d"
+
+
+def _extends(c: str) -> bool:
+    """``c`` belongs to the character before it: a mark, a selector, a modifier, a tag."""
+    o = ord(c)
+    return (
+        unicodedata.category(c) in ("Mn", "Mc", "Me")
+        or o == 0x200D  # zero width joiner
+        or 0xFE00 <= o <= 0xFE0F  # variation selectors
+        or 0xE0100 <= o <= 0xE01EF
+        or 0x1F3FB <= o <= 0x1F3FF  # skin tones
+        or 0xE0020 <= o <= 0xE007F  # tags (subdivision flags)
+    )
+
+
+def _regional(c: str) -> bool:
+    return 0x1F1E6 <= ord(c) <= 0x1F1FF
+
+
+def shorten(s: str, limit: int = MAX_LABEL_CHARS) -> str:
+    """``s`` itself if it has at most ``limit`` code points, else a prefix and ``"\u2026"``.
+
+    The cut never splits what reads as one character: it moves back over
+    combining marks, variation selectors, skin tones, ZWJ sequences and
+    Indic conjuncts (a virama and the next letter), and
+    keeps a flag's two regional indicators together (one cluster longer than
+    ``limit``, such as a letter under thousands of marks, is cut inside).
+    Python strings hold code points, so a UTF-16 surrogate pair is never split.
+
+    Example:
+        >>> shorten("abcdef", 3), shorten("abc", 3)
+        ('abc…', 'abc')
+        >>> shorten("ab\u0301c", 2)  # the accent stays on its b: both go
+        'a…'
+    """
+    if len(s) <= limit:
+        return s
+    cut = limit
+    # After a ZWJ or a virama (combining class 9: Indic conjuncts) the next
+    # code point joins the same character.
+    while cut > 0 and (
+        _extends(s[cut]) or s[cut - 1] == _ZWJ or unicodedata.combining(s[cut - 1]) == 9
+    ):
+        cut -= 1
+    if cut > 0 and _regional(s[cut]):
+        run = 0
+        while run < cut and _regional(s[cut - 1 - run]):
+            run += 1
+        cut -= run % 2  # an odd run before the cut: its last indicator pairs with s[cut]
+    if cut == 0:
+        cut = limit
+    return s[:cut] + "\u2026"
 
 
 def clean(s: str) -> str:

@@ -12,6 +12,9 @@
   const LEVELS = 256; // edges are stroked in 256 weight levels, one path each
   const ARROWS_UP_TO = 3000; // arrowheads only while they can be told apart
   const TABLE_ROWS = 64;
+  const STRUCTURE = "#8c8c8c"; // the given structure (bonds): neutral, under the attention
+  const STRUCTURE_WIDTH = 2;
+  const STRUCTURE_MARK = "#f28e2b"; // its matrix cells: seen on white and on dark blue
 
   // ------------------------------------------------------------------ data
   function decode(s, Type) {
@@ -20,9 +23,53 @@
     for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
     return new Type(bytes.buffer);
   }
+  // Where each character as a reader sees it starts (UTF-16 offsets, then the
+  // length): a cut there never splits a surrogate pair (an emoji), a ZWJ
+  // sequence, a flag, or a letter from its accents. Intl.Segmenter where the
+  // browser has it, code points otherwise; once per distinct label.
+  const segmenter = typeof Intl !== "undefined" && Intl.Segmenter
+    ? new Intl.Segmenter(undefined, { granularity: "grapheme" }) : null;
+  const boundaryCache = new Map();
+  function boundaries(text) {
+    let b = boundaryCache.get(text);
+    if (b === undefined) {
+      const out = [];
+      if (segmenter) { for (const seg of segmenter.segment(text)) out.push(seg.index); }
+      else { let k = 0; for (const c of text) { out.push(k); k += c.length; } }
+      out.push(text.length);
+      b = Int32Array.from(out);
+      boundaryCache.set(text, b);
+    }
+    return b;
+  }
+  // At most MAX_LABEL code points (and an ellipsis), cut where a character
+  // starts, as gnnattn.viz.text.shorten cuts (one longer character, such as a
+  // letter under thousands of marks, is cut inside).
+  function capLabel(text) {
+    if (text.length <= MAX_LABEL) return text; // UTF-16 units >= code points
+    let k = 0, n = 0;
+    for (const c of text) { if (n === MAX_LABEL) break; k += c.length; n++; }
+    if (k === text.length) return text;
+    // The characters around the cut: 64 more units show whether k starts one.
+    const b = boundaries(text.slice(0, k + 64));
+    let cut = 0;
+    for (let m = 0; m < b.length && b[m] <= k; m++) cut = b[m];
+    return text.slice(0, cut > 0 ? cut : k) + "\u2026";
+  }
+  // At most n characters: the first n - 1 and an ellipsis when it is longer.
+  function shortText(text, n) {
+    const b = boundaries(text);
+    return b.length - 1 > n ? text.slice(0, b[n - 1]) + "\u2026" : text;
+  }
+
   const N = D.n;
   const IDX = D.idx === "u16" ? Uint16Array : Int32Array;
-  const labels = D.labels;
+  // Labels come cut to D.maxLabel code points and an ellipsis
+  // (gnnattn.viz.text.shorten); one longer is cut here too (capLabel, above),
+  // since a browser measures a long run of combining marks or of Arabic in
+  // seconds, not microseconds.
+  const MAX_LABEL = (D.maxLabel || 200) + 1;
+  const labels = D.labels.map(capLabel);
   const ids = D.ids; // original node ids of a neighbourhood, or null
   // Node fill by class (node_color): Tableau10, a rainbow beyond 10 classes,
   // lightened so that the black label stays readable.
@@ -57,7 +104,21 @@
     };
   });
 
-  const S = { layer: 0, head: 0, topk: 1, minw: 0, focus: -1, hover: null };
+  // The given structure (structure=edge_index): unordered pairs a < b, drawn
+  // as straight lines under the attention edges; keys of both orders j * N + i.
+  const structure = D.structure ? {
+    a: decode(D.structure.a, IDX), b: decode(D.structure.b, IDX), count: D.structure.count,
+  } : null;
+  const structureKeys = new Set();
+  if (structure) {
+    for (let k = 0; k < structure.count; k++) {
+      structureKeys.add(structure.a[k] * N + structure.b[k]);
+      structureKeys.add(structure.b[k] * N + structure.a[k]);
+    }
+  }
+  function isStructure(j, i) { return structureKeys.has(j * N + i); }
+
+  const S = { layer: 0, head: 0, topk: 1, minw: 0, focus: -1, hover: null, structure: !!structure };
 
   function cur() { return layers[S.layer]; }
 
@@ -139,8 +200,9 @@
     const fill = counts;
     for (let e = 0; e < L.E; e++) if (vis[e]) drawn[fill[level(w[e])]++] = e;
     document.body.dataset.drawn = String(n);
-    d3.select("#status").text(n + " of " + L.E + " edges drawn" +
-      (S.focus >= 0 ? " (incoming edges of " + labelOf(S.focus) + ")" : ""));
+    const status = n + " of " + L.E + " edges drawn" +
+      (S.focus >= 0 ? " (incoming edges of " + labelOf(S.focus) + ")" : "");
+    d3.select("#status").text(status).attr("title", status); // whole, where it is cut short
   }
 
   // ---------------------------------------------------------------- geometry
@@ -268,14 +330,30 @@
   function widthOf(w) { return Math.max(MAX_WIDTH * w, 0.5); }
   function opacityOf(w) { return Math.min(1, Math.max(w, OPACITY_FLOOR)); }
 
-  function labelOf(i) { return "'" + labels[i] + "' (" + (ids ? ids[i] : i) + ")"; }
+  // In running text a label is isolated (FSI ... PDI), so that a right-to-left
+  // label does not reorder the quotes and the id around it.
+  function labelOf(i) { return "'\u2068" + labels[i] + "\u2069' (" + (ids ? ids[i] : i) + ")"; }
 
   // ------------------------------------------------------------------ drawing
+  let structureDrawn = 0, structureMarked = 0; // lines and matrix cells drawn, for the tests
   function drawGraph() {
     const ctx = gCanvas.getContext("2d");
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.clearRect(0, 0, GW, GH);
     project();
+    structureDrawn = 0;
+    if (structure && S.structure) { // first: under every attention edge
+      ctx.globalAlpha = 1; ctx.strokeStyle = STRUCTURE; ctx.lineWidth = STRUCTURE_WIDTH;
+      ctx.lineCap = "round";
+      ctx.beginPath();
+      for (let k = 0; k < structure.count; k++) {
+        const a = structure.a[k], b = structure.b[k];
+        ctx.moveTo(sx[a], sy[a]); ctx.lineTo(sx[b], sy[b]);
+      }
+      ctx.stroke();
+      structureDrawn = structure.count;
+    }
+    document.body.dataset.structure = String(structureDrawn);
     ctx.strokeStyle = EDGE; ctx.fillStyle = EDGE;
     ctx.lineCap = "round";
     const arrows = drawn.length <= ARROWS_UP_TO;
@@ -314,7 +392,12 @@
       for (let i = 0; i < N; i++) {
         const fit = fitLabel(ctx, labels[i], r);
         ctx.font = fit.font;
-        ctx.fillText(fit.text, sx[i], sy[i]);
+        if (fit.height > 2 * LABEL_ROOM * r) { // a stack of marks: kept inside its circle
+          ctx.save();
+          ctx.beginPath(); ctx.arc(sx[i], sy[i], r, 0, 2 * Math.PI); ctx.clip();
+          ctx.fillText(fit.text, sx[i], sy[i]);
+          ctx.restore();
+        } else ctx.fillText(fit.text, sx[i], sy[i]);
         labelFit = Math.max(labelFit, fit.width / (2 * r));
       }
     }
@@ -324,22 +407,34 @@
   // measured, not estimated; shortened with an ellipsis when even 8 px is too wide.
   const LABEL_ROOM = 0.84; // of the diameter: the text's box stays inside the circle
   let labelFit = 0; // widest drawn label / diameter, for the tests
+  let measured = 0; // measureText calls of fitLabel, for the tests
+  function measure(ctx, text) { measured++; return ctx.measureText(text); }
+  function heightOf(m) { return (m.actualBoundingBoxAscent || 0) + (m.actualBoundingBoxDescent || 0); }
   function fitLabel(ctx, text, r) {
     const room = LABEL_ROOM * 2 * r;
     let fs = Math.min(13, Math.max(8, 0.85 * r));
     ctx.font = fs.toFixed(1) + "px system-ui, sans-serif";
-    let w = ctx.measureText(text).width;
+    let m = measure(ctx, text), w = m.width;
     while (w > room && fs > 8) { // glyphs do not scale exactly: shrink until it fits
       fs = Math.max(8, 0.97 * fs * room / w);
       ctx.font = fs.toFixed(1) + "px system-ui, sans-serif";
-      w = ctx.measureText(text).width;
+      m = measure(ctx, text); w = m.width;
     }
-    let shown = text;
-    while (w > room && shown.length > 1) {
-      shown = shown.length > 2 ? Array.from(shown).slice(0, -2).join("") + "\u2026" : Array.from(shown)[0];
-      w = ctx.measureText(shown).width;
+    if (w <= room) return { text: text, font: ctx.font, width: w, height: heightOf(m) };
+    // Too wide even at 8 px: the most characters that fit with an ellipsis,
+    // found by bisection on the cut (a longer prefix is never narrower), so
+    // log2(L) measurements of a label of L characters, not L.
+    const b = boundaries(text);
+    let lo = 1, hi = b.length - 2; // keep lo..hi characters (never all of them)
+    let shown = null, shownM = null;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      const t = text.slice(0, b[mid]) + "\u2026";
+      const tm = measure(ctx, t);
+      if (tm.width <= room) { shown = t; shownM = tm; lo = mid + 1; } else hi = mid - 1;
     }
-    return { text: shown, font: ctx.font, width: w };
+    if (shown === null) { shown = text.slice(0, b[1]); shownM = measure(ctx, shown); } // one character
+    return { text: shown, font: ctx.font, width: shownM.width, height: heightOf(shownM) };
   }
 
   function drawOverlay() {
@@ -420,16 +515,41 @@
     ictx.putImageData(img, 0, 0);
     ctx.imageSmoothingEnabled = false;
     ctx.drawImage(mImage, M.left, M.top, M.cell * N, M.cell * N);
+    structureMarked = 0;
+    if (structure && S.structure) {
+      // A structure edge: a corner triangle in both of its cells (j, i) and
+      // (i, j), off the centre where the weight is written.
+      const t = Math.max(1.5, Math.min(9, 0.4 * M.cell));
+      ctx.fillStyle = STRUCTURE_MARK;
+      ctx.beginPath();
+      for (let k = 0; k < structure.count; k++) {
+        const a = structure.a[k], b = structure.b[k];
+        for (const [i, j] of [[a, b], [b, a]]) {
+          const x = M.left + j * M.cell, y = M.top + i * M.cell;
+          ctx.moveTo(x, y); ctx.lineTo(x + t, y); ctx.lineTo(x, y + t); ctx.closePath();
+          structureMarked++;
+        }
+      }
+      ctx.fill();
+    }
     if (M.labels) {
       ctx.fillStyle = "#222"; ctx.font = Math.min(11, Math.max(7, M.cell)) + "px system-ui, sans-serif";
       ctx.textBaseline = "middle";
       for (let i = 0; i < N; i++) {
-        const t = labels[i].length > 9 ? labels[i].slice(0, 8) + "\u2026" : labels[i];
+        const t = shortText(labels[i], 9);
+        // A label taller than its row (a stack of combining marks) is kept in
+        // its row, and in its column's band, instead of covering the others.
+        const m = ctx.measureText(t);
+        const tall = m.actualBoundingBoxAscent + m.actualBoundingBoxDescent > 1.5 * Math.max(M.cell, 8);
         ctx.textAlign = "right";
+        ctx.save();
+        if (tall) { ctx.beginPath(); ctx.rect(0, M.top + i * M.cell, M.left, M.cell); ctx.clip(); }
         ctx.fillText(t, M.left - 4, M.top + (i + 0.5) * M.cell);
+        ctx.restore();
         ctx.save();
         ctx.translate(M.left + (i + 0.5) * M.cell, M.top - 4);
         ctx.rotate(-Math.PI / 3); ctx.textAlign = "left";
+        if (tall) { ctx.beginPath(); ctx.rect(-2, -0.43 * M.cell, 2 * M.top, 0.86 * M.cell); ctx.clip(); }
         ctx.fillText(t, 0, 0);
         ctx.restore();
       }
@@ -539,6 +659,7 @@
     const j = L.src[e], i = L.dst[e];
     const lines = ["edge j \u2192 i: " + labelOf(j) + " \u2192 " + labelOf(i) + "   [" + L.name + "]" +
       (vis[e] ? "" : "   (hidden by a filter)")];
+    if (isStructure(j, i)) lines.push("also an edge of the given structure");
     if (S.head < 0) {
       const w = weightsOf(L, -1)[e];
       lines.push("\u03b1 = " + fmt(w) + "   (mean over " + L.H + " heads, not one head's softmax)");
@@ -571,6 +692,26 @@
     tip.style("left", Math.max(0, x) + "px").style("top", Math.max(0, y) + "px");
   }
   function hideTip() { tip.attr("hidden", true); }
+
+  // The last pointer position (client px). Pointer events, not mouse events:
+  // d3's zoom stops mousemove during a drag.
+  let pointer = null;
+  window.addEventListener("pointermove", function (ev) { pointer = [ev.clientX, ev.clientY]; },
+    { capture: true, passive: true });
+  // The tooltip describes what is under the pointer, or nothing. A click
+  // changes the table and the status line, scrolling moves the page, a zoom
+  // moves the graph: the canvas under a still pointer changes without a
+  // mousemove, and the tooltip would stay over the matrix describing a cell
+  // the pointer has left. Hit-test again at the pointer.
+  function refreshHover() {
+    if (S.hover === null && tip.attr("hidden") !== null) return; // nothing shown
+    const el = pointer ? document.elementFromPoint(pointer[0], pointer[1]) : null;
+    const ev = pointer ? { clientX: pointer[0], clientY: pointer[1] } : null;
+    if (el === gOver) hoverGraph(ev);
+    else if (el === mOver) hoverMatrix(ev);
+    else { S.hover = null; hideTip(); schedule(["overlay"]); }
+  }
+  window.addEventListener("scroll", refreshHover, { passive: true });
 
   // --------------------------------------------------------------- the table
   function drawTable() {
@@ -607,7 +748,8 @@
     const f = S.head >= 0 ? rowFacts(L, S.head, i) : null;
     edges.slice(0, TABLE_ROWS).forEach(function (e) {
       const tr = body.append("tr").attr("data-src", L.src[e]).classed("hidden-edge", !vis[e]);
-      tr.append("td").text(labelOf(L.src[e]) + (vis[e] ? "" : " (hidden)"));
+      const who = labelOf(L.src[e]) + (vis[e] ? "" : " (hidden)");
+      tr.append("td").text(who).attr("title", who); // whole, where the column cuts it
       if (f) {
         if (f.scored) tr.append("td").text(fmt(f.s(e)));
         tr.append("td").text(fmt(f.shifted(e)));
@@ -642,7 +784,7 @@
   // ---------------------------------------------------------------- updates
   let pending = { visible: false, graph: false, matrix: false, overlay: false, table: false };
   let frameRequested = false;
-  const api = { ready: false, firstPaintMs: NaN, lastFrameMs: NaN, frames: 0 };
+  const api = { ready: false, firstPaintMs: NaN, paintedMs: NaN, lastFrameMs: NaN, frames: 0 };
 
   function frame() {
     frameRequested = false;
@@ -654,6 +796,10 @@
     if (p.matrix || p.visible) drawMatrix();
     if (p.overlay || p.graph || p.visible) { drawOverlay(); drawMatrixOverlay(); }
     if (p.table || p.visible) drawTable();
+    // What moved the canvases or what is drawn on them (the status line, the
+    // table, a zoom) moved them under a still pointer, which sends no event:
+    // test again what the pointer is over.
+    if (p.visible || p.graph || p.table) refreshHover();
     api.lastFrameMs = performance.now() - t;
     api.frames++;
   }
@@ -706,6 +852,17 @@
     S.minw = minwOf(+minw.value);
     d3.select("#minw-value").text(S.minw === 0 ? "0" : fmt(S.minw));
     schedule(["visible"]);
+  });
+
+  const structureBox = document.getElementById("structure");
+  if (structure) {
+    d3.select("#structure-toggle").attr("hidden", null);
+    d3.select("#structure-count").text("structure (" + structure.count + " given edge" +
+      (structure.count === 1 ? "" : "s") + ")");
+  }
+  structureBox.addEventListener("change", function () {
+    S.structure = structureBox.checked;
+    schedule(["graph", "matrix"]);
   });
 
   function updateNotes() {
@@ -790,7 +947,10 @@
     const e = findEdge(L, j, i);
     S.hover = { node: -1, edge: e, cell: [i, j] };
     if (e >= 0) showTip(edgeText(e), ev, { edge: j + "," + i, alpha: String(weightsOf(L, S.head)[e]) });
-    else showTip("no edge " + labelOf(j) + " \u2192 " + labelOf(i) + ": not in the graph", ev, {});
+    else {
+      showTip("no edge " + labelOf(j) + " \u2192 " + labelOf(i) + ": not in the graph" +
+        (isStructure(j, i) ? "\n(an edge of the given structure, without attention)" : ""), ev, {});
+    }
     schedule(["overlay"]);
   }
 
@@ -833,7 +993,9 @@
   }
   api.state = function () {
     return { layer: S.layer, head: S.head, topk: S.topk, minw: S.minw, focus: S.focus,
-      drawn: drawn.length, edges: cur().E, layout: D.layout, matrix: M.on, labelFit: labelFit };
+      drawn: drawn.length, edges: cur().E, layout: D.layout, matrix: M.on, labelFit: labelFit,
+      structure: structure ? structure.count : null, structureShown: S.structure,
+      structureDrawn: structureDrawn, structureMarked: structureMarked, measured: measured };
   };
   // No frame pending: what is drawn matches state() (a change schedules a frame at once).
   api.settled = function () { return !frameRequested; };
@@ -842,12 +1004,25 @@
     return Array.from(drawn, function (e) { return [L.src[e], L.dst[e]]; });
   };
   api.edgeOf = function (j, i) { return findEdge(cur(), j, i); };
+  // fitLabel on any text, in the graph's canvas: what is shown and how many
+  // measureText calls it took.
+  api.fitLabel = function (text, r) {
+    const before = measured;
+    const f = fitLabel(gCanvas.getContext("2d"), text, r);
+    return { text: f.text, width: f.width, room: LABEL_ROOM * 2 * r, measurements: measured - before };
+  };
   api.edgePoint = function (j, i) { return client(gOver, quadMid(findEdge(cur(), j, i))); };
   api.nodeFill = function (i) {
     // The colour painted at node i's centre, off the label: a pixel left of it.
     const ctx = gCanvas.getContext("2d");
     const p = ctx.getImageData(Math.round((sx[i] - 0.6 * nodeR()) * dpr), Math.round(sy[i] * dpr), 1, 1).data;
     return [p[0], p[1], p[2]];
+  };
+  // The RGBA of the graph's canvas at a client point (alpha 0: nothing drawn there).
+  api.graphPixel = function (x, y) {
+    const r = gCanvas.getBoundingClientRect();
+    const p = gCanvas.getContext("2d").getImageData(Math.floor((x - r.left) * dpr), Math.floor((y - r.top) * dpr), 1, 1).data;
+    return [p[0], p[1], p[2], p[3]];
   };
   api.nodePoint = function (i) { return client(gOver, [sx[i], sy[i]]); };
   api.cellPoint = function (i, j) {
@@ -888,4 +1063,11 @@
   api.firstPaintMs = performance.now();
   api.ready = true;
   document.body.dataset.ready = "1";
+  // On screen: the frame after the next one has been painted. Both are times
+  // since the navigation started (performance's time origin), measured by the
+  // page itself, so a busy test driver does not count.
+  api.paintedMs = NaN;
+  requestAnimationFrame(function () {
+    requestAnimationFrame(function () { api.paintedMs = performance.now(); });
+  });
 })();
