@@ -337,35 +337,49 @@ def _cmd_partition(args: argparse.Namespace) -> int:
 
     import torch
 
+    from ._progress import bar, ticking, write
     from .distributed import partition
+    from .graphs import AttentionGraph
 
-    edge_index, num_nodes = _read_graph(args.graph)
-    t0 = time.perf_counter()
-    try:
-        part = partition(
-            edge_index,
-            args.parts,
-            method=args.method,
-            num_nodes=num_nodes,
-            causal=args.causal,
-            seed=args.seed,
+    n_parts = args.parts
+    # One step per phase (read, check and index, split, statistics) and per part
+    # file; the split is most of the time (METIS at 1M nodes: minutes), so the bar
+    # shows the time spent, not a time left.
+    with bar(4 + n_parts, "reading the graph", eta=False) as progress:
+        edge_index, num_nodes = _read_graph(args.graph)
+        progress.update()
+        t0 = time.perf_counter()
+        progress.set_description("checking and indexing the graph")
+        graph = AttentionGraph(edge_index, num_nodes, causal=args.causal)
+        progress.update()
+        progress.set_description(f"{args.method}: splitting into {n_parts} parts")
+        try:
+            with ticking(progress):
+                part = partition(graph, n_parts, method=args.method, seed=args.seed)
+        except ImportError as err:  # METIS without pymetis
+            raise ValueError(str(err)) from None
+        progress.update()
+        seconds = time.perf_counter() - t0
+        graph = part.graph
+        write(
+            f"{args.graph}: N={graph.num_dst:,} targets, {graph.num_edges:,} edges"
+            + (" (causal)" if graph.is_causal else "")
+            + f"; {args.method} into {n_parts} parts in {seconds:.1f} s"
         )
-    except ImportError as err:  # METIS without pymetis
-        raise ValueError(str(err)) from None
-    seconds = time.perf_counter() - t0
-    graph = part.graph
-    print(
-        f"{args.graph}: N={graph.num_dst:,} targets, {graph.num_edges:,} edges"
-        + (" (causal)" if graph.is_causal else "")
-        + f"; {args.method} into {args.parts} parts in {seconds:.1f} s"
-    )
-    paths = part.save(args.out)
-    src, dst = graph.edge_index
-    targets = torch.bincount(part.owner, minlength=args.parts)
-    edges = torch.bincount(part.owner[dst], minlength=args.parts)
-    remote = part.src_owner[src] != part.owner[dst]
-    key = torch.unique(part.owner[dst[remote]] * graph.num_src + src[remote])
-    halo = torch.bincount(key // graph.num_src, minlength=args.parts)
+        paths = []
+        for r in range(n_parts):
+            progress.set_description(f"writing part {r + 1} of {n_parts}")
+            paths.append(part.save_part(args.out, r))
+            progress.update()
+        progress.set_description("counting halo rows")
+        src, dst = graph.edge_index
+        targets = torch.bincount(part.owner, minlength=n_parts)
+        edges = torch.bincount(part.owner[dst], minlength=n_parts)
+        remote = part.src_owner[src] != part.owner[dst]
+        key = torch.unique(part.owner[dst[remote]] * graph.num_src + src[remote])
+        halo = torch.bincount(key // graph.num_src, minlength=n_parts)
+        progress.update()
+        progress.set_description("partition")
     for r, path in enumerate(paths):
         print(
             f"rank {r}: {int(targets[r]):,} targets, {int(halo[r]):,} halo rows, "
@@ -375,12 +389,143 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warmup_steps(device: str) -> list[tuple[str, Callable[[], None]]]:
+    """What ``gnnattn warmup`` runs: a forward and backward of each kind of call a model
+    makes, float32, on a small sparse graph (each compiles its own kernels)."""
+    import torch
+
+    from . import SelfAttentionConv, TransformerConv, scatter_softmax
+    from .nn import GraphTransformerLayer
+
+    g = torch.Generator().manual_seed(0)
+    n, d, heads = 64, 16, 2
+    ei = torch.randint(0, n, (2, 8 * n), generator=g).unique(dim=1).to(device)
+    e = ei.shape[1]
+    x = torch.randn(n, d, generator=g).to(device)
+    ea = torch.randn(e, 4, generator=g).to(device)
+
+    def step(module: torch.nn.Module, *args: Any, train: bool, **kwargs: Any) -> None:
+        module = module.to(device).train(train)
+        out = module(*args, **kwargs)
+        out = out[0] if isinstance(out, tuple) else out
+        out.sum().backward()
+
+    def edge_step(module: torch.nn.Module, train: bool) -> None:
+        # Edge features as data, and as the output of an edge encoder (their
+        # gradient is a kernel of its own).
+        step(module, x, ei, ea, train=train)
+        step(module, x, ei, ea.clone().requires_grad_(), train=train)
+
+    def softmax() -> None:
+        # Large enough for the kernel (small inputs take torch's path).
+        src = torch.randn(1 << 16, 2, generator=g).to(device).requires_grad_()
+        index = torch.arange(1 << 16, device=device) // 16
+        scatter_softmax(src, index).sum().backward()
+
+    return [
+        ("attention", lambda: step(SelfAttentionConv(d, heads), x, ei, train=False)),
+        (
+            "attention weights",
+            lambda: step(
+                SelfAttentionConv(d, heads), x, ei, train=False, return_attention_weights=True
+            ),
+        ),
+        (
+            "attention dropout",
+            lambda: step(SelfAttentionConv(d, heads, dropout=0.1), x, ei, train=True),
+        ),
+        (
+            "score bias",
+            lambda: step(SelfAttentionConv(d, heads, edge_dim=4), x, ei, ea, train=False),
+        ),
+        (
+            "score bias, dropout",
+            lambda: step(
+                SelfAttentionConv(d, heads, dropout=0.1, edge_dim=4), x, ei, ea, train=True
+            ),
+        ),
+        (
+            "edge values",
+            lambda: edge_step(SelfAttentionConv(d, heads, edge_dim=4, edge_value=True), False),
+        ),
+        (
+            "edge values, dropout",
+            lambda: edge_step(
+                SelfAttentionConv(d, heads, dropout=0.1, edge_dim=4, edge_value=True), True
+            ),
+        ),
+        ("edge features", lambda: edge_step(TransformerConv(d, 8, heads, edge_dim=4), False)),
+        (
+            "edge features, dropout",
+            lambda: edge_step(TransformerConv(d, 8, heads, dropout=0.1, edge_dim=4), True),
+        ),
+        (
+            "cross-attention",
+            lambda: step(SelfAttentionConv(d, heads), (x, x[: n // 2]), ei % (n // 2), train=False),
+        ),
+        ("segment softmax", softmax),
+        (
+            "activation dropout",
+            lambda: step(GraphTransformerLayer(d, heads, dropout=0.1), x, ei, train=True),
+        ),
+    ]
+
+
+def _cmd_warmup(args: argparse.Namespace) -> int:
+    import logging
+    import time
+
+    import torch
+
+    from ._progress import bar, write
+    from .kernels import COMPILED
+
+    device = torch.device(args.device)
+    if device.type not in COMPILED:
+        package = "numba" if device.type == "cpu" else "triton"
+        print(f"no compiled kernels for {device.type} ({package} is not installed): nothing to do")
+        return 0
+    counter: Any = None
+    where = "Triton's cache (TRITON_CACHE_DIR, default ~/.triton/cache)"
+    if device.type == "cpu":
+        from .kernels.cpu import _cache as counter
+
+        where = counter.cache_dir()
+    before = counter.compiles if counter is not None else 0
+    steps = _warmup_steps(str(device))
+    # The first-compile notice would repeat what this command says.
+    notice = logging.getLogger("gnnattn.kernels")
+    level = notice.level
+    notice.setLevel(logging.ERROR)
+    t0 = time.perf_counter()
+    try:
+        with bar(len(steps), "gnnattn warmup", unit="call") as progress:
+            write(f"compiling the {device.type} kernels (float32) into {where}")
+            for name, run in steps:
+                progress.set_postfix_str(name)
+                run()
+                progress.update()
+    finally:
+        notice.setLevel(level)
+    seconds = time.perf_counter() - t0
+    if counter is None:
+        print(f"ran {len(steps)} calls in {seconds:.1f} s; compiled kernels are in {where}")
+    elif counter.compiles > before:
+        print(
+            f"compiled {counter.compiles - before} kernels in {seconds:.1f} s; later runs "
+            f"load them from {where}"
+        )
+    else:
+        print(f"every kernel was compiled already ({seconds:.1f} s): {where}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gnnattn", description="Transformer self-attention as message passing over a graph."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_check, _add_bench, _add_compare, _add_demo, _add_partition):
+    for add in (_add_check, _add_bench, _add_compare, _add_demo, _add_partition, _add_warmup):
         add(sub)
     return parser
 
@@ -539,6 +684,20 @@ def _add_partition(sub: Any) -> None:
         "--out", type=_out_dir, required=True, help="folder for the part files, made if missing"
     )
     part.set_defaults(func=_cmd_partition)
+
+
+def _add_warmup(sub: Any) -> None:
+    warm = sub.add_parser(
+        "warmup",
+        help="compile the kernels ahead (numba on the CPU: once per environment), for a "
+        "first epoch without the wait",
+        description="Runs a forward and backward of each kind of attention call on a small "
+        "graph, so that the kernels a model needs are compiled and cached now (numba's "
+        "cache: NUMBA_CACHE_DIR, else __pycache__ beside the kernels) instead of during a "
+        "first epoch; useful in a container build or a CI setup step.",
+    )
+    warm.add_argument("--device", type=_device, default="cpu", help="cpu or cuda (default cpu)")
+    warm.set_defaults(func=_cmd_warmup)
 
 
 def _suites() -> tuple[str, ...]:

@@ -1,6 +1,8 @@
 """Smoke test of ``gnnattn bench``: it runs and writes its JSON (no timing assertions)."""
 
+import io
 import json
+import sys
 
 import pytest
 
@@ -157,3 +159,35 @@ def test_pyg_suite_gps_rows(tmp_path):
         assert "auto took '" in by[mode, "gnnattn GPSConv (auto)"]["note"]
     # The sizes are skewed, and the case says how much padding PyG's layer attends over.
     assert "(skewed)" in gps[0]["case"] and "padded:" in gps[0]["case"]
+
+
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal (what tqdm asks before drawing)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bars_on_a_terminal_only(tmp_path, capsys, monkeypatch):
+    argv = ["bench", "--quick", "--suite", "softmax", "--suite", "reorder", "--no-memory"]
+    path = tmp_path / "bench.json"
+    assert main([*argv, "--json", str(path)]) == 0
+    piped = capsys.readouterr()
+    # Piped: stderr holds the "running" lines and nothing else; the JSON is plain JSON.
+    running = piped.err.splitlines()
+    assert running and all(line.startswith("running [") for line in running), piped.err
+    assert "\r" not in piped.out + piped.err
+    json.loads(path.read_text())
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert [ln for ln in out.splitlines() if ln.startswith("[")] == [
+        ln for ln in piped.out.splitlines() if ln.startswith("[")
+    ]  # the same tables
+    drawn = terminal.getvalue()
+    # The suites (2 of them) and the cases of the one running, redrawn in place, with
+    # the "running" lines written above them.
+    assert "gnnattn bench" in drawn and "2/2" in drawn and "[softmax]" in drawn, drawn
+    assert "[reorder]" in drawn and "\r" in drawn
+    assert all(line in drawn for line in running)

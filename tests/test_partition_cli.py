@@ -1,6 +1,13 @@
 """``gnnattn partition``: one file per rank that ``GraphPart.load`` reads back as
 ``partition(...).part(rank)``; bad inputs are one line and status 2."""
 
+import contextlib
+import io
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -87,3 +94,59 @@ def test_bad_inputs_are_one_line_and_status_2(tmp_path, capsys):
         path = tmp_path / f"{name}.pt"
         torch.save(data, path)
         _error(capsys, ["partition", str(path), "--parts", "2", *out], needle)
+
+
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal (what tqdm asks before drawing)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def _same_but_time(a: str, b: str) -> None:
+    drop = re.compile(r"in \d+\.\d s")
+    assert drop.sub("in T s", a) == drop.sub("in T s", b)
+
+
+def test_progress_bar_on_a_terminal_and_nothing_on_a_pipe(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "g.pt"
+    torch.save(_graph(), path)
+    argv = ["partition", str(path), "--parts", "3", "--method", "random", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    piped = capsys.readouterr()
+    assert piped.err == ""  # stderr piped or captured: no bar, no stray byte
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(argv) == 0
+    _same_but_time(capsys.readouterr().out, piped.out)  # stdout is the same either way
+    drawn = terminal.getvalue()
+    # Phases and part files, 4 + 3 steps, redrawn in place.
+    for phase in ("reading the graph", "random: splitting into 3 parts", "writing part 3 of 3"):
+        assert phase in drawn, (phase, drawn)
+    assert "7/7" in drawn and "\r" in drawn
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_progress_bar_on_a_real_pseudo_terminal(tmp_path):
+    import fcntl
+    import struct
+    import termios
+
+    path = tmp_path / "g.pt"
+    torch.save(_graph(), path)
+    leader, follower = os.openpty()
+    # A terminal of 100 columns (a fresh pty has 0, where tqdm draws nothing).
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    argv = [sys.executable, "-m", "gnnattn", "partition", str(path), "--parts", "2",
+            "--method", "contiguous", "--out", str(tmp_path / "parts")]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=follower)
+    os.close(follower)
+    drawn = b""
+    with contextlib.suppress(OSError):  # EIO once the command has closed its side
+        while chunk := os.read(leader, 4096):
+            drawn += chunk
+    os.close(leader)
+    out = proc.communicate(timeout=300)[0].decode()
+    assert proc.returncode == 0
+    assert "100%|" in drawn.decode() and "6/6" in drawn.decode(), drawn
+    assert "\r" not in out and out.splitlines()[-1].startswith("halo rows / owned rows: ")

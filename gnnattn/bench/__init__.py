@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from .._progress import bar, write
 from .harness import MODE_LABEL, BenchConfig, Candidate, Case, run_case
 from .report import QUICK_NOTE, format_table, header, machine_info
 from .suites import REGISTRY, SUITES, default_suites
@@ -77,26 +78,34 @@ def run(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> dict[str,
     machine = machine_info(cfg.device)
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    with _quiet():
-        for suite in REGISTRY:
-            if suite.name not in cfg.suites:
-                continue
+    suites = [s for s in REGISTRY if s.name in cfg.suites]
+    # Two bars on a terminal (none otherwise): the suites, and the cases of the
+    # one running. A suite's cases are counted only once it has made them (its
+    # tensors), so the time left of all is the suites' pace, a rough one.
+    with _quiet(), bar(len(suites), "gnnattn bench", unit="suite") as overall:
+        for suite in suites:
+            overall.set_postfix_str(suite.name)
             if suite.rows is not None:
                 rows += suite.rows(cfg, log)
+                overall.update()
                 continue
             assert suite.cases is not None
             cases = suite.cases(cfg, device)
-            while cases:
-                case = cases.pop(0)
-                # Free the previous case's cyclic garbage (autograd graphs hold big tensors).
-                gc.collect()
-                for mode in case.modes:
-                    if log is not None:
-                        label = case.mode_label or MODE_LABEL[mode]
-                        log(f"running [{case.suite}] {case.name} -- {label}")
-                    rows += run_case(case, mode, cfg)
-                del case
+            steps = sum(len(case.modes) for case in cases)
+            with bar(steps, f"[{suite.name}]", unit="case", leave=False) as within:
+                while cases:
+                    case = cases.pop(0)
+                    # Free the previous case's cyclic garbage (autograd graphs hold big tensors).
+                    gc.collect()
+                    for mode in case.modes:
+                        if log is not None:
+                            label = case.mode_label or MODE_LABEL[mode]
+                            log(f"running [{case.suite}] {case.name} -- {label}")
+                        rows += run_case(case, mode, cfg)
+                        within.update()
+                    del case
             gc.collect()
+            overall.update()
     with contextlib.suppress(OSError):
         machine["loadavg_end"] = list(os.getloadavg())
     config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()}
@@ -140,7 +149,9 @@ def main(args: Any) -> int:
         cfg.min_reps = cfg.max_reps = args.reps
 
     def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
+        # Above the progress bars when they are up; the same line as print's when not.
+        write(msg, file=sys.stderr)
+        sys.stderr.flush()
 
     result = run(cfg, log)
     print(header(result))

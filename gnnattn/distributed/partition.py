@@ -157,14 +157,25 @@ class Partition:
 
     def save(self, folder: str | os.PathLike) -> list[Path]:
         """One file per rank, ``part-{rank}-of-{P}.pt``, for :meth:`GraphPart.load`."""
+        return [self.save_part(folder, r) for r in range(self.num_parts)]
+
+    def save_part(self, folder: str | os.PathLike, rank: int) -> Path:
+        """Rank ``rank``'s file of :meth:`save` alone (``folder`` made if missing): a
+        caller can show progress, or write the parts from several processes.
+
+        Example:
+            >>> import tempfile
+            >>> from gnnattn.distributed import GraphPart, partition
+            >>> p = partition(AttentionGraph.causal(6), 2, method="contiguous")
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     GraphPart.load(p.save_part(d, 1))
+            GraphPart(rank=1, world_size=2, num_targets=2, num_halo=4, num_edges=11)
+        """
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for r in range(self.num_parts):
-            path = out / f"part-{r}-of-{self.num_parts}.pt"
-            self.part(r).save(path)
-            paths.append(path)
-        return paths
+        path = out / f"part-{rank}-of-{self.num_parts}.pt"
+        self.part(rank).save(path)
+        return path
 
     def __repr__(self) -> str:
         return (

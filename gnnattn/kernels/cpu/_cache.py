@@ -9,12 +9,18 @@ put in front of numba's own for this package's files, stamp every cached
 function with a digest of all those sources instead, so that any edit
 recompiles everything (as it did when the kernels were one file). If numba's
 locator classes move, nothing is registered and numba's per-file stamp applies.
+
+It also says once per process, on the logger ``gnnattn.kernels``, when a
+kernel is actually compiled (numba's ``"numba:compile"`` event fires on a
+cache miss only, never when the machine code is loaded from the cache), so
+that a first call of seconds is not a silent hang.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 from typing import Any
 
@@ -74,3 +80,63 @@ def _register() -> None:
 
 
 _register()
+
+#: Where the first-compile notice goes: a warning-level record, so that it shows
+#: without any logging set up (Python's last-resort handler prints it on stderr) and
+#: ``logging.getLogger("gnnattn").setLevel(logging.ERROR)`` silences it. Not a
+#: ``warnings.warn``: under ``-W error`` (a user's pytest) it would become an
+#: exception raised from inside numba's compiler.
+logger = logging.getLogger("gnnattn.kernels")
+
+_said = False  # once per process: one notice for the dozen kernels a first epoch compiles
+compiles = 0  # the package's kernels compiled in this process (cache misses)
+
+
+def cache_dir(dispatcher: Any = None) -> str:
+    """Where numba keeps the kernels' machine code: ``NUMBA_CACHE_DIR`` when set, else
+    ``__pycache__`` beside the kernels (or numba's per-user folder when that one cannot
+    be written, which ``dispatcher``'s cache knows)."""
+    path = getattr(getattr(dispatcher, "_cache", None), "_cache_path", None)
+    if path:
+        return str(path)
+    from numba.core import config
+
+    user = getattr(config, "CACHE_DIR", "")
+    return user or os.path.join(_HERE, "__pycache__")
+
+
+def _notice(dispatcher: Any) -> None:
+    global _said, compiles
+    code = getattr(getattr(dispatcher, "py_func", None), "__code__", None)
+    if code is None or os.path.dirname(os.path.abspath(code.co_filename)) != _HERE:
+        return  # another package's numba function
+    compiles += 1
+    if _said:
+        return
+    _said = True
+    logger.warning(
+        "gnnattn: compiling the CPU kernels (numba) on their first use: seconds per kernel, "
+        "once per environment (again after an upgrade of gnnattn or numba); the machine "
+        "code is cached in %s. `gnnattn warmup` compiles them ahead.",
+        cache_dir(dispatcher),
+    )
+
+
+def _register_notice() -> None:
+    try:
+        from numba.core import event
+    except ImportError:  # pragma: no cover - another numba
+        return
+
+    class _FirstCompile(event.Listener):
+        def on_start(self, ev: Any) -> None:
+            data = ev.data if isinstance(ev.data, dict) else {}
+            _notice(data.get("dispatcher"))
+
+        def on_end(self, ev: Any) -> None:
+            pass
+
+    event.register("numba:compile", _FirstCompile())
+
+
+_register_notice()
