@@ -78,8 +78,13 @@ def test_the_notice_is_one_log_record_that_logging_silences(monkeypatch, caplog,
     # The documented way to silence it.
     caplog.clear()
     monkeypatch.setattr(_cache, "_said", False)
-    monkeypatch.setattr(logging.getLogger("gnnattn"), "level", logging.ERROR)
-    _cache._notice(ours)
+    log = logging.getLogger("gnnattn")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        _cache._notice(ours)
+    finally:
+        log.setLevel(level)
     assert not [r for r in caplog.records if r.name.startswith("gnnattn")]
 
 
@@ -92,6 +97,7 @@ def test_cache_dir_is_numba_s(monkeypatch, tmp_path):
     assert _cache.cache_dir() == os.path.join(os.path.dirname(_cache.__file__), "__pycache__")
 
 
+@pytest.mark.slow  # minutes when the cache is cold (other tests then load what it compiled)
 def test_warmup_runs_and_says_where(capsys):
     assert main(["warmup"]) == 0
     out = capsys.readouterr().out.splitlines()
