@@ -16,7 +16,9 @@ numpy ones.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
 import numba
 import numpy as np
@@ -26,7 +28,7 @@ from torch import Tensor
 from . import _cache  # noqa: F401  (before any kernel: the cache's freshness stamp)
 
 # Serial: one pass over the edges is memory-bound and short next to the kernels.
-_JIT = MappingProxyType(dict(cache=True, nogil=True))
+_JIT: Mapping[str, Any] = MappingProxyType(dict(cache=True, nogil=True))
 
 __all__ = ["csr_order", "rows_are_ranges", "split", "transpose"]
 
