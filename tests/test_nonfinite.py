@@ -299,3 +299,161 @@ def test_triton_kernels_meet_the_contract(case, dtype):
     for name, a, b in zip(("dq", "dk", "dv", "dbias"), got, expect, strict=True):
         what = f"triton {dtype} {name}"
         _same_grad(a.float(), b, dtype, what, exact=not inf, values=not huge)
+
+
+# --------------------------------------------------------------------------- overflow
+# The graph of issue 28: target 5 reads sources 3 and 4, and inputs of 1e20 make
+# every product q_c k_c (about 1e40) overflow float32. The reference's rounded
+# products sum to inf - inf = NaN where they overflow both ways; the fused
+# kernels' multiply-adds (numba's 'contract', Triton's FMA fusion on a GPU)
+# never round a product, so their sum took the sign of the first huge term: a
+# -inf score, a masked edge, and a finite output where the reference is NaN.
+OVERFLOW_EDGES = [[0, 1, 0, 1, 2, 3, 4, 3, 4], [0, 0, 1, 2, 3, 3, 4, 5, 5]]
+# Seeds whose random inputs (times 1e20) overflow both ways on some target
+# whose other scores are -inf or finite; None and "scale": the hand-built
+# cases of _overflowing.
+OVERFLOW_SEEDS = [None, "scale", 1, 3, 21]
+OVERFLOW_DTYPES = [torch.float32, torch.bfloat16]  # float16 has no 1e20; float64 no overflow
+
+
+def _overflowing(seed, dtype):
+    """``q, k, v`` ``[6, H, C]`` of the overflow case, and its ``edge_index``.
+
+    ``seed=None``: every input is ``1e20`` but for the signs of ``k_3`` and
+    ``k_4``, so that target 5's head-0 scores have products ``(-1e40, +1e40,
+    +1e40)`` (whichever huge term a fused sum meets first, one of each sign
+    is there) and its head-1 scores ``(-1e40, -1e40, -1e40)``: -inf, a
+    masked edge, in any arithmetic.
+
+    ``seed="scale"``: target 5's products from ``k_3`` are ``(4e38, -4e38,
+    2e19)``, past float32's 3.4e38 both ways (NaN in the reference's ``(q . k)
+    * scale``) but not once halved: a kernel that folds ``scale = 0.5`` into
+    ``q`` first sums finite products to a finite score.
+    """
+    ei = torch.tensor(OVERFLOW_EDGES)
+    if seed is None:
+        q, k, v = (torch.full((6, H, C), 1e20) for _ in range(3))
+        k[3, 0] = k[4, 0] = torch.tensor([-1e20, 1e20, 1e20])
+        k[3, 1] = k[4, 1] = -1e20
+    elif seed == "scale":
+        q, k, v = torch.full((6, H, C), 2e19), torch.ones(6, H, C), torch.ones(6, H, C)
+        k[3] = torch.tensor([2e19, -2e19, 1.0])
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(6, H, C, generator=gen) * 1e20 for _ in range(3))
+    return [t.to(dtype) for t in (q, k, v)], ei
+
+
+@pytest.mark.parametrize("dtype", OVERFLOW_DTYPES)
+@pytest.mark.parametrize("seed", OVERFLOW_SEEDS)
+@pytest.mark.parametrize("backend", ["mp", "fused", "auto"])
+def test_overflowing_scores_agree_on_every_backend(backend, seed, dtype):
+    (q, k, v), ei = _overflowing(seed, dtype)
+    want = reference(q, k, v, ei[0], ei[1], 6, 0.5)
+    if seed is None:
+        assert want[5, 0].isnan().all() and not want[5, 1].isnan().any()
+    got = attention(q, k, v, AttentionGraph(ei, 6), scale=0.5, backend=backend)
+    _same(got, want, dtype, f"{backend} seed {seed} {dtype}")
+
+
+@pytest.mark.parametrize("seed", OVERFLOW_SEEDS)
+@pytest.mark.parametrize("backend", ["mp", "fused"])
+def test_overflowing_scores_gradients(backend, seed):
+    """Never a finite gradient where the reference's is not (the values next to
+    huge inputs are differences of huge terms: only the pattern is compared)."""
+    x, ei = _overflowing(seed, torch.float32)
+    q, k, v = (t.clone().requires_grad_() for t in x)
+    g = torch.randn(6, H, C, generator=torch.Generator().manual_seed(7))
+    want = reference(q, k, v, ei[0], ei[1], 6, 0.5)
+    want_grads = torch.autograd.grad(want, [q, k, v], g)
+    got = attention(q, k, v, AttentionGraph(ei, 6), scale=0.5, backend=backend)
+    _same(got.detach(), want.detach(), torch.float32, f"{backend} out")
+    got_grads = torch.autograd.grad(got, [q, k, v], g)
+    for name, a, b in zip("qkv", got_grads, want_grads, strict=True):
+        _same_grad(a, b, torch.float32, f"{backend} d{name}", exact=False, values=False)
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_layer_on_overflowing_inputs_agrees_with_mp(seed):
+    """The issue's layer: ``SelfAttentionConv`` on the 6-node graph, inputs times
+    1e20: ``"fused"`` is NaN where ``"mp"`` is (target 5 among them)."""
+    ei = torch.tensor(OVERFLOW_EDGES)
+    torch.manual_seed(seed)
+    layer = SelfAttentionConv(8, num_heads=2)
+    x = torch.randn(6, 8) * 1e20
+    out = {}
+    for backend in ("mp", "fused"):
+        layer.backend = backend
+        out[backend] = layer(x, ei).detach()
+    assert bool(out["mp"][5].isnan().all())
+    assert torch.equal(out["fused"].isnan(), out["mp"].isnan())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("backend", ["mp", "fused", "auto", "sdpa"])
+def test_overflowing_scores_on_structured_graphs(backend, causal):
+    """Complete and causal graphs, where ``"auto"`` would take SDPA, whose matrix
+    product's multiply-adds overflow as the fused kernels' did: finite inputs
+    whose scores may overflow go to the fused kernel, and an explicit
+    ``"sdpa"`` refuses them.
+
+    Target 0's query is small (every score of it finite); the others' are
+    1e20, against key 1 whose products overflow both ways (NaN in the
+    reference, -inf in a fused sum) and key 2 whose products all overflow
+    to -inf (a masked edge in any arithmetic)."""
+    n = 4
+    q = torch.full((n, H, C), 1e20)
+    q[0] = 1.0
+    k = torch.ones(n, H, C)
+    k[1] = torch.tensor([-1e20, 1e20, 1e20])
+    k[2] = -1e20
+    v = torch.randn(n, H, C, generator=torch.Generator().manual_seed(0))
+    graph = AttentionGraph.causal(n) if causal else AttentionGraph.complete(n)
+    ei = graph.edge_index
+    want = reference(q, k, v, ei[0], ei[1], n, 0.5)
+    assert want[1:].isnan().all() and want[0].isfinite().all()  # the case bites
+    if backend == "sdpa":
+        with pytest.raises(ValueError, match="backend='sdpa' takes finite.*cannot overflow"):
+            attention(q, k, v, graph, scale=0.5, backend=backend)
+        # Inputs whose scores cannot overflow still take SDPA.
+        small = attention(q / 1e20, k / 1e20, v, graph, scale=0.5, return_lse=True)
+        assert small.backend == "sdpa"
+        return
+    got = attention(q, k, v, graph, scale=0.5, backend=backend, return_lse=True)
+    assert got.backend == ("mp" if backend == "mp" else "fused")
+    _same(got.out, want, torch.float32, f"{backend} {'causal' if causal else 'complete'}")
+
+
+@pytest.mark.parametrize("dtype", OVERFLOW_DTYPES)
+@pytest.mark.parametrize("seed", OVERFLOW_SEEDS)
+def test_triton_kernels_on_overflowing_scores(seed, dtype):
+    """The Triton kernels (the interpreter without a GPU; on a GPU through the
+    CUDA test below) on the overflow case, forward and backward."""
+    pytest.importorskip("triton")
+    from gnnattn.kernels import triton_ops
+
+    (q, k, v), ei = _overflowing(seed, dtype)
+    want = reference(q, k, v, ei[0], ei[1], 6, 0.5)
+    ptr, col, _ = _csr(ei, 6)
+    out, lse = triton_ops.attention_fwd(q, k, v, ptr, col, 0.5, None)
+    _same(out, want, dtype, f"triton seed {seed} {dtype}")
+    assert torch.equal(lse.isnan(), want.isnan().any(-1)), "lse: NaN where the output is"
+    g = torch.randn(6, H, C, generator=torch.Generator().manual_seed(7)).to(dtype)
+    got = triton_ops.attention_bwd(q, k, v, out, lse, g, ptr, col, 0.5, None)
+    wide = [t.float() for t in (q, k, v)]
+    expect = ref.attention_bwd(*wide, out.float(), lse.float(), g.float(), ptr, col, 0.5, None)
+    for name, a, b in zip(("dq", "dk", "dv"), got[:3], expect[:3], strict=True):
+        _same_grad(a.float(), b, dtype, f"triton {name}", exact=False, values=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("seed", OVERFLOW_SEEDS)
+def test_cuda_attention_on_overflowing_scores(seed):
+    """On a GPU, where Triton fuses multiply-adds (the interpreter does not):
+    the fused path (the Triton kernels) against the reference."""
+    (q, k, v), ei = _overflowing(seed, torch.float32)
+    want = reference(q, k, v, ei[0], ei[1], 6, 0.5)
+    graph = AttentionGraph(ei.cuda(), 6)
+    got = attention(q.cuda(), k.cuda(), v.cuda(), graph, scale=0.5, backend="fused")
+    _same(got.cpu(), want, torch.float32, f"cuda seed {seed}")

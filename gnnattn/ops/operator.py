@@ -29,6 +29,7 @@ from torch import Tensor
 from .. import kernels
 from ..checks import check_float, check_tensor
 from ..graphs import AttentionGraph, segment_ids
+from ..kernels.common import acc_dtype
 from ..kernels.library import draw_key
 from .args import AttentionArgs
 from .choice import backend_for
@@ -245,15 +246,19 @@ def attention(
         edge_attr=edge_attr is not None,
     )
     name = choice.backend
-    if name == "sdpa" and not _sdpa_safe(q, k, v):
-        # SDPA's CPU kernels turn a NaN query row into zeros, and its dense
-        # product spreads a NaN value to targets that have no edge from it:
-        # both break the non-finite contract, which the fused kernels keep.
+    if name == "sdpa" and not _sdpa_safe(q, k, v, scale):
+        # SDPA's CPU kernels turn a NaN query row into zeros, its dense product
+        # spreads a NaN value to targets that have no edge from it, and its
+        # matrix product's fused multiply-adds turn an overflowing score's
+        # inf - inf into an infinity of either sign: each breaks the
+        # non-finite contract, which the fused kernels keep.
         if backend == "sdpa":
             raise ValueError(
-                "backend='sdpa' takes finite q, k and v only (SDPA's kernels would zero a NaN "
-                "query row and spread a NaN value to targets without its edge); got a "
-                "non-finite value. Use 'auto' or 'fused', which keep the non-finite rules."
+                "backend='sdpa' takes finite q, k and v only, whose scores cannot overflow "
+                "(SDPA's kernels would zero a NaN query row, spread a NaN value to targets "
+                "without its edge, and give an overflowing score either sign); got a "
+                "non-finite value or one so large that a score may overflow. Use 'auto' or "
+                "'fused', which keep the non-finite rules."
             )
         name = "fused"
     key = draw_key() if p > 0 and name != "sdpa" else None
@@ -280,18 +285,29 @@ def attention(
     )
 
 
-def _sdpa_safe(*tensors: Tensor) -> bool:
-    """Whether SDPA may take these inputs: all finite. Not checked inside ``torch.compile``
-    (the flag is read on the host, a synchronisation on a GPU): a compiled call takes
-    SDPA's own handling of non-finite inputs.
+def _sdpa_safe(q: Tensor, k: Tensor, v: Tensor, scale: float) -> bool:
+    """Whether SDPA may take these inputs: all finite, and no score (nor partial sum
+    of one) that can overflow the accumulation dtype. Not checked inside
+    ``torch.compile`` (the flags are read on the host, a synchronisation on a
+    GPU): a compiled call takes SDPA's own handling of such inputs.
 
-    A sum is finite only if every term is (a NaN or an infinity, or ``inf -
-    inf``, makes it non-finite): one reduction per tensor instead of
-    ``isfinite``'s mask. A sum of finite terms that overflows (float32 at
-    3e38; half types are summed in float32) says "non-finite" too, which
-    only sends the call to the fused kernel, which meets the contract anyway.
+    One ``aminmax`` per tensor (a NaN makes both NaN), read in one transfer.
+    ``|q_i . k_j|`` and every partial sum of it are at most ``C * max|q| *
+    max|k|`` (times ``scale`` where that is over 1), so under the dtype's
+    largest number no order of summation overflows and SDPA's scores are
+    the reference's to rounding. Past it (float32 inputs of about 1e18 and more)
+    the call goes to the fused kernel, which meets the contract anyway.
     """
     if torch.compiler.is_compiling():
         return True
-    sums = [t.sum(dtype=torch.promote_types(t.dtype, torch.float32)) for t in tensors]
-    return bool(torch.stack(sums).isfinite().all())
+    ends = [torch.stack(torch.aminmax(t)) for t in (q, k, v) if t.numel()]
+    if not ends:
+        return True
+    lo_hi = torch.cat([e.to(torch.float64) for e in ends]).tolist()
+    if not all(math.isfinite(x) for x in lo_hi):
+        return False
+    if not (q.numel() and k.numel()):
+        return True
+    q_max, k_max = max(map(abs, lo_hi[0:2])), max(map(abs, lo_hi[2:4]))
+    bound = q.shape[-1] * q_max * k_max * max(1.0, abs(scale))
+    return bound < torch.finfo(acc_dtype(q.dtype)).max

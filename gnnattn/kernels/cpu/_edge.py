@@ -51,6 +51,7 @@ from ._simd import (
     _dot,
     _exp,
     _prefetch_row,
+    _score_dot,
 )
 
 # Inlined by numba (see the module docstring), with the kernels' fast-math flags.
@@ -62,7 +63,7 @@ _OL: Mapping[str, Any] = MappingProxyType(
 @numba.njit(**_INLINE)
 def _score(q, i, k, j, h, c, scale, bias, e, has_bias):  # pragma: no cover - compiled
     """``q_i^h . k_j^h * scale (+ bias[e, h])``."""
-    s = _dot(q, i, k, j, h * c, c) * scale
+    s = _score_dot(q, i, k, j, h * c, c) * scale
     if has_bias:
         s += bias[e, h]
     return s
@@ -212,11 +213,34 @@ def _edge_dot(eq, i, ea, e, h):  # pragma: no cover - compiled
     return r
 
 
+# As _dot_strict: the rare path of an edge score term the fast loop made -inf.
+@numba.njit(cache=True, fastmath=False)  # pragma: no cover - compiled
+def _edge_dot_strict(eq, i, ea, e, h):
+    """:func:`_edge_dot` in IEEE arithmetic (products rounded, summed in order)."""
+    nf = ea.shape[1]
+    lo = (h * nf) & _NN
+    e = e & _NN
+    r = eq.dtype.type(0)
+    for c in range(nf):
+        r += eq[i, lo + c] * ea[e, c]
+    return r
+
+
+@numba.njit(**_INLINE)
+def _edge_score_dot(eq, i, ea, e, h):  # pragma: no cover - compiled
+    """:func:`_edge_dot` for a score term, overflowing as the reference does (see
+    :func:`._simd._score_dot`)."""
+    r = _edge_dot(eq, i, ea, e, h)
+    if r == _NEG_INF:
+        r = _edge_dot_strict(eq, i, ea, e, h)
+    return r
+
+
 @overload(_edge_score, **_OL)
 def _edge_score_ol(s, eq, i, ea, e, h):  # pragma: no cover - compiled
     if _none(eq):
         return lambda s, eq, i, ea, e, h: s
-    return lambda s, eq, i, ea, e, h: s + _edge_dot(eq, i, ea, e, h)
+    return lambda s, eq, i, ea, e, h: s + _edge_score_dot(eq, i, ea, e, h)
 
 
 @overload(_add_g, **_OL)

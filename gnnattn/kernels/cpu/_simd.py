@@ -182,6 +182,38 @@ def _dot(a, i, b, j, lo, n):  # pragma: no cover - compiled
     return r
 
 
+# fastmath=False and not inlined, as exp32: the path of the rare score that
+# the fast loop made -inf, where the flags would change the answer.
+@numba.njit(cache=True, fastmath=False)  # pragma: no cover - compiled
+def _dot_strict(a, i, b, j, lo, n):
+    """:func:`_dot` in IEEE arithmetic: each product rounded, summed in order."""
+    r = a.dtype.type(0)
+    lo = lo & _NN
+    for c in range(n):
+        r += a[i, lo + c] * b[j, lo + c]
+    return r
+
+
+@numba.njit(**_INLINE)
+def _score_dot(a, i, b, j, lo, n):  # pragma: no cover - compiled
+    """:func:`_dot` for a score, with overflow as the reference has it.
+
+    With 'contract' and 'reassoc' an overflowing dot product takes the sign
+    of whichever huge term its chain met first: a fused multiply-add never
+    rounds a product to inf, so ``+1e40 - 1e40`` (inputs of 1e20 in float32)
+    can come out -inf, a masked edge and a finite target, where the rounded
+    products sum to ``inf - inf = NaN`` (torch, the ``"mp"`` backend). Only
+    -inf needs the second look: a +inf or NaN score makes the target NaN
+    either way. One compare per score, and the strict sum only where the dot
+    product itself is -inf (a -inf input, or an overflow; a score masked by
+    its bias is not).
+    """
+    r = _dot(a, i, b, j, lo, n)
+    if r == _NEG_INF:
+        r = _dot_strict(a, i, b, j, lo, n)
+    return r
+
+
 @numba.njit(**_INLINE)
 def _axpy(acc, w, b, j, lo, n):  # pragma: no cover - compiled
     """``acc[lo + c] += w * b[j, lo + c]`` over ``c < n``."""

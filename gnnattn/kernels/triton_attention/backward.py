@@ -114,7 +114,7 @@ def _attn_bwd_dq(
         scale = tl.load(scale_ptr)
         drop_scale = tl.load(scale_ptr + 1)
         q = tl.load(q_ptr + i * (H * C) + hs[:, None] * C + cs[None, :], mask=qmask, other=0.0)
-        q = q.to(ACC) * scale
+        q = q.to(ACC)  # unscaled: the scores are the forward's (q . k) * scale
         dmask = hmask[:, None] & (cvs < CV)[None, :]
         do = tl.load(
             dout_ptr + i * (H * CV) + hs[:, None] * CV + cvs[None, :], mask=dmask, other=0.0
@@ -139,7 +139,7 @@ def _attn_bwd_dq(
             emask = edges < end
             j = tl.load(col_ptr + edges, mask=emask, other=0).to(tl.int64)
             kt = _load_rows(k_ptr, j, emask, hs, hmask, C, BLOCK_C, H).to(ACC)
-            s = tl.sum(kt * q[None, :, :], 2)  # (BLOCK_E, BLOCK_H)
+            s = tl.sum(kt * q[None, :, :], 2) * scale  # (BLOCK_E, BLOCK_H)
             bmask = emask[:, None] & hmask[None, :]
             if HAS_BIAS:
                 bias = tl.load(bias_ptr + edges[:, None] * H + hs[None, :], mask=bmask, other=0.0)
@@ -256,7 +256,7 @@ def _attn_bwd_dkdv(
         scale = tl.load(scale_ptr)
         drop_scale = tl.load(scale_ptr + 1)
         k = tl.load(k_ptr + j * (H * C) + hs[:, None] * C + cs[None, :], mask=kmask, other=0.0)
-        k = k.to(ACC) * scale
+        k = k.to(ACC)  # unscaled: the scores are the forward's (q . k) * scale
         v = tl.load(v_ptr + j * (H * CV) + hs[:, None] * CV + cvs[None, :], mask=vmask, other=0.0)
         v = v.to(ACC)
 
@@ -269,7 +269,7 @@ def _attn_bwd_dkdv(
             # Row 0 keeps masked lanes' gathers in bounds; they are masked after.
             i = tl.load(trow_ptr + t, mask=emask, other=0).to(tl.int64)
             qt = _load_rows(q_ptr, i, emask, hs, hmask, C, BLOCK_C, H).to(ACC)
-            s = tl.sum(qt * k[None, :, :], 2)  # (BLOCK_E, BLOCK_H)
+            s = tl.sum(qt * k[None, :, :], 2) * scale  # (BLOCK_E, BLOCK_H)
             bmask = emask[:, None] & hmask[None, :]
             ih = i[:, None] * H + hs[None, :]
             if HAS_BIAS or HAS_DROPOUT or HAS_EA:
@@ -308,7 +308,7 @@ def _attn_bwd_dkdv(
             tl.store(part_k_ptr + r * (H * C) + hc, dk, mask=kmask)
             tl.store(part_v_ptr + r * (H * CV) + hcv, dv, mask=vmask)
         else:
-            # k was pre-scaled, so s was right; dk = scale * sum ds q.
+            # dk = scale * sum ds q.
             dk_out = (dk * scale).to(dk_ptr.dtype.element_ty)
             tl.store(dk_ptr + j * (H * C) + hc, dk_out, mask=kmask)
             tl.store(dv_ptr + j * (H * CV) + hcv, dv.to(dv_ptr.dtype.element_ty), mask=vmask)

@@ -35,6 +35,54 @@ from ._tiles import _NO_SPECIALISE, _blocks, _load_feats, _load_head_feats, _loa
 __all__ = ["attention_fwd"]
 
 
+@triton.jit
+def _mixed_overflow(
+    start,
+    end,
+    q,
+    k_ptr,
+    col_ptr,
+    hs,
+    hmask,
+    ea_ptr,
+    eq,
+    H,
+    C: tl.constexpr,
+    F: tl.constexpr,
+    HAS_EQ: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+):
+    """Per head, whether an edge of ``start:end`` has a dot product (``q . k``, or
+    ``eq . a``) whose rounded products overflow to both ``+inf`` and ``-inf``.
+
+    Its IEEE sum is ``inf - inf = NaN`` in any order (the reference, the
+    ``"mp"`` backend), but a fused multiply-add never rounds a product, so the
+    compiled sum takes the sign of the first huge term (inputs of ``1e20`` in
+    float32): a ``-inf`` score, a masked edge and a finite target, where the
+    reference is NaN. Products and their max and min, no sum: nothing here
+    can be contracted. Run only for a chunk where such a ``-inf`` came up.
+    """
+    bad = tl.zeros([BLOCK_H], tl.int32)
+    b = start
+    while b < end:
+        edges = b + tl.arange(0, BLOCK_E)
+        emask = edges < end
+        j = tl.load(col_ptr + edges, mask=emask, other=0).to(tl.int64)
+        prod = _load_rows(k_ptr, j, emask, hs, hmask, C, BLOCK_C, H).to(ACC) * q[None, :, :]
+        hit = (tl.max(prod, 2) == float("inf")) & (tl.min(prod, 2) == float("-inf"))
+        if HAS_EQ:
+            at = _load_feats(ea_ptr, edges, emask, F, BLOCK_F).to(ACC)
+            pe = at[:, None, :] * eq[None, :, :]
+            hit = hit | ((tl.max(pe, 2) == float("inf")) & (tl.min(pe, 2) == float("-inf")))
+        bad = tl.maximum(bad, tl.max(hit.to(tl.int32), 0))
+        b += BLOCK_E
+    return bad > 0
+
+
 @triton.jit(do_not_specialize=_NO_SPECIALISE)
 def _attn_fwd(
     q_ptr,  # [N, H, C]
@@ -88,11 +136,12 @@ def _attn_fwd(
         cs = tl.arange(0, BLOCK_C)
         cvs = tl.arange(0, BLOCK_CV)
         qmask = hmask[:, None] & (cs < C)[None, :]
-        # The scale folded into q once, in the accumulation dtype.
+        # The scale multiplies each score, as in the reference (q . k) * scale:
+        # folded into q, it would move where an overflowing product turns inf.
         scale = tl.load(scale_ptr)
         drop_scale = tl.load(scale_ptr + 1)
         q = tl.load(q_ptr + i * (H * C) + hs[:, None] * C + cs[None, :], mask=qmask, other=0.0)
-        q = q.to(ACC) * scale  # (BLOCK_H, BLOCK_C)
+        q = q.to(ACC)  # (BLOCK_H, BLOCK_C)
         if HAS_EQ:  # unscaled: the layer folded the scale into it
             eq = _load_head_feats(eq_ptr, i, hs, hmask, H, F, BLOCK_F).to(ACC)
 
@@ -101,6 +150,9 @@ def _attn_fwd(
         l_sum = tl.zeros([BLOCK_H], ACC)
         acc = tl.zeros([BLOCK_H, BLOCK_CV], ACC)
         eacc = tl.zeros([BLOCK_H, BLOCK_F], ACC)  # sum p a (stays 0 without HAS_EA)
+        # Where a dot product came out -inf (see _mixed_overflow): one compare
+        # per score here, the second look after the loop only if one did.
+        low = tl.zeros([BLOCK_E, BLOCK_H], tl.int32)
         b = start
         while b < end:
             edges = b + tl.arange(0, BLOCK_E)
@@ -110,6 +162,8 @@ def _attn_fwd(
             j = tl.load(col_ptr + edges, mask=emask, other=0).to(tl.int64)
             kt = _load_rows(k_ptr, j, emask, hs, hmask, C, BLOCK_C, H).to(ACC)
             s = tl.sum(kt * q[None, :, :], 2)  # (BLOCK_E, BLOCK_H)
+            low = low | (s == float("-inf")).to(tl.int32)
+            s = s * scale
             if HAS_BIAS:
                 bmask = emask[:, None] & hmask[None, :]
                 bias = tl.load(bias_ptr + edges[:, None] * H + hs[None, :], mask=bmask, other=0.0)
@@ -117,7 +171,9 @@ def _attn_fwd(
             if HAS_EA:
                 at = _load_feats(ea_ptr, edges, emask, F, BLOCK_F).to(ACC)  # (BLOCK_E, BLOCK_F)
                 if HAS_EQ:
-                    s += tl.sum(at[:, None, :] * eq[None, :, :], 2)
+                    se = tl.sum(at[:, None, :] * eq[None, :, :], 2)
+                    low = low | (se == float("-inf")).to(tl.int32)
+                    s += se
             s = tl.where(emask[:, None], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 0))
             # All scores so far -inf: shift by 0, so exp gives 0 and never NaN.
@@ -135,6 +191,30 @@ def _attn_fwd(
                 eacc = eacc * corr[:, None] + tl.sum(p[:, :, None] * at[:, None, :], 0)
             m = m_new
             b += BLOCK_E
+        if tl.max(low) > 0:
+            # An overflow the reference has as NaN: a NaN sum, so that the
+            # output, lse (and a split target's merge) are NaN.
+            bad = _mixed_overflow(
+                start,
+                end,
+                q,
+                k_ptr,
+                col_ptr,
+                hs,
+                hmask,
+                ea_ptr,
+                eq if HAS_EQ else q,
+                H,
+                C,
+                F,
+                HAS_EQ,
+                ACC,
+                BLOCK_E,
+                BLOCK_H,
+                BLOCK_C,
+                BLOCK_F,
+            )
+            l_sum = tl.where(bad, float("nan"), l_sum)
 
         omask = hmask[:, None] & (cvs < CV)[None, :]
         fs = tl.arange(0, BLOCK_F)
