@@ -124,6 +124,20 @@ def test_every_backend_equal_dense_on_structured_graphs(kind):
             torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_lse_in_the_accumulation_dtype_on_every_backend(dtype):
+    # Half inputs: float32 lse everywhere (the kernels keep it so), agreeing to
+    # the half inputs' rounding of the scores (about 2^-8 relative, times |s| < 8).
+    torch.manual_seed(4)
+    graph = AttentionGraph.complete(5)
+    q, k, v = (torch.randn(5, 2, 8).to(dtype) for _ in range(3))
+    want = attention(q.double(), k.double(), v.double(), graph, backend="mp", return_lse=True)
+    for backend in ("sdpa", "mp", "fused"):
+        lse = attention(q, k, v, graph, backend=backend, return_lse=True).lse
+        assert lse.dtype == torch.float32, backend
+        torch.testing.assert_close(lse.double(), want.lse, atol=0.1, rtol=0)
+
+
 def test_dropout_same_mask_on_mp_and_fused_and_kept_fraction():
     n, h = 400, 4
     ei = torch.randint(0, n, (2, 6000), generator=torch.Generator().manual_seed(0))

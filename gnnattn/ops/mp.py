@@ -22,6 +22,7 @@ from torch_geometric.nn import MessagePassing
 
 from ..graphs import AttentionGraph
 from ..kernels import reference
+from ..kernels.common import acc_dtype
 from ..softmax import segment_softmax
 from .args import AttentionArgs
 
@@ -127,7 +128,13 @@ def mp_attention(a: AttentionArgs) -> tuple[Tensor, Tensor | None, Tensor]:
     # pointers are the graph's, and the compiled segment softmax can run.
     ptr = graph.csr.ptr if graph.csr.perm is None else None
     alpha = segment_softmax(score, index, n, ptr=ptr)  # (E, H)
-    lse = reference.segment_logsumexp(score, index, n) if a.return_lse else None
+    # In the accumulation dtype, as the kernels keep it (a half lse would round the
+    # log-sum-exp to 3 digits).
+    lse = (
+        reference.segment_logsumexp(score.to(acc_dtype(score.dtype)), index, n)
+        if a.return_lse
+        else None
+    )
     kept = alpha
     if a.dropout_key is not None:
         keep = dropout_mask(graph, a.dropout_key, a.dropout_p, h)

@@ -46,7 +46,8 @@ class AttentionOutput(NamedTuple):
     Attributes:
         out: ``[N, H, Cv]``.
         lse: ``[N, H]`` per-target log-sum-exp of the scores (before dropout;
-            ``-inf`` for a target without edges), or ``None``.
+            ``-inf`` for a target without edges), or ``None``; float32 for
+            float32 and half inputs, float64 for float64, on every backend.
         weights: ``[|E|, H]`` in ``graph.edge_index`` order (before dropout),
             or ``None``.
         backend: the backend that ran.
@@ -154,7 +155,7 @@ def _check_edge(
 def _edge_lse(q: Tensor, k: Tensor, graph: AttentionGraph, scale: float) -> Tensor:
     """The per-target log-sum-exp of the scores, through the edges (``|E| x H``)."""
     csr, ref = graph.csr, kernels.reference
-    s = ref.attention_scores(q, k, csr.ptr, csr.col, scale)
+    s = ref.attention_scores(q, k, csr.ptr, csr.col, scale).to(acc_dtype(q.dtype))
     return ref.segment_logsumexp(s, segment_ids(csr.ptr, csr.col.numel()), graph.num_dst)
 
 
