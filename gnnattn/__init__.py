@@ -6,6 +6,7 @@ the conventions (``edge_index[0]`` is the source j, ``edge_index[1]`` the
 target i; softmax runs over each target's incoming edges).
 """
 
+from . import _pyg  # noqa: F401  (first: PyG without its import-time warning)
 from .dense import dense_attention_weights, dense_self_attention, dense_simplified_attention
 from .graphs import (
     CSR,

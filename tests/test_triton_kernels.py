@@ -719,7 +719,11 @@ _COMPILE = textwrap.dedent(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from gnnattn.kernels import triton_softmax as ts
+    from gnnattn.kernels.common import MIX_MUL1, MIX_MUL2
     from gnnattn.kernels.triton_attention import backward as tab, forward as taf
+
+    # An integer constant of the TTIR, scalar or splat: its value and type.
+    CONSTANT = re.compile(r"arith\.constant (?:dense<)?(-?\d+)>? : (?:tensor<[\dx]+)?(i\d+)")
 
     I64 = ("ptr_ptr", "col_ptr", "tptr_ptr", "trow_ptr", "tperm_ptr", "chunk_ptr_ptr",
            "chunk_seg_ptr", "rank_ptr", "split_ptr")
@@ -775,8 +779,14 @@ _COMPILE = textwrap.dedent(
             if consts.get("HAS_DROPOUT"):
                 # The hash multiplies by uint32 constants built from int32 bit
                 # patterns: never an int64 constant (the product would be int64).
-                ttir = compiled.asm["ttir"]
-                assert "<-2073254261>" in ttir and "2221713035" not in ttir, fn
+                # Read from the constants' types, not their text, which differs
+                # between Triton releases (3.6 keeps a scalar "-2073254261 : i32",
+                # 3.9 splats it to "dense<-2073254261> : tensor<8x8xi32>").
+                types = {}
+                for value, ty in CONSTANT.findall(compiled.asm["ttir"]):
+                    types.setdefault(int(value) % (1 << 32), set()).add(ty)
+                for mul in (MIX_MUL1, MIX_MUL2):
+                    assert types.get(mul) == {"i32"}, (fn, hex(mul), types.get(mul))
             if dt == "fp64":
                 # No fp32 scalar may reach a float64 kernel (it would round).
                 head = re.search(r"tt\.func public @\w+\(([^)]*)\)", compiled.asm["ttir"])
