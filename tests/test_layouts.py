@@ -7,6 +7,9 @@ give the same tensors, order of ties included, since the kernels' sums follow it
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -80,3 +83,20 @@ def test_ids_out_of_range_raise_instead_of_writing_out_of_bounds():
         csr_mod.transpose_csr(torch.tensor([0, 1, 2]), torch.tensor([0, 5]), 2)
     with pytest.raises(ValueError, match="'ptr'"):
         csr_mod.transpose_csr(torch.tensor([0, 3, 2]), torch.tensor([0, 1]), 2)
+
+
+def test_graphs_build_without_numba():
+    # numba is optional: without it the torch versions build the layouts.
+    code = (
+        "import sys; sys.modules['numba'] = None\n"
+        "import torch\n"
+        "from gnnattn import AttentionGraph, SelfAttentionConv\n"
+        "from gnnattn.kernels import COMPILED\n"
+        "assert 'cpu' not in COMPILED\n"
+        "g = AttentionGraph(torch.tensor([[0, 1, 2, 1], [1, 2, 0, 0]]), 3)\n"
+        "out = SelfAttentionConv(4, 1)(torch.randn(3, 4), g)\n"
+        "print(g.structure, list(out.shape), g.csc.perm.tolist())\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["None", "[3,", "4]", "[2,", "0,", "3,", "1]"]

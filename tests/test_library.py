@@ -104,6 +104,23 @@ def test_eager_path_equals_the_op(name: str) -> None:
         assert torch.equal(attention(*args)[0], results[1][0])
 
 
+def test_traced_and_vmapped_calls_take_the_op() -> None:
+    """Under torch.jit.trace and vmap the op runs (the eager shortcut would be traced
+    as constants, and has no batching rule)."""
+    args = _attention_args("isolated", "bias", True, torch.float64)
+    args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+
+    def f(q: torch.Tensor) -> torch.Tensor:
+        return attention(q, *args[1:])[0]
+
+    q = args[0]
+    traced = torch.jit.trace(f, (q,), check_trace=False)
+    q2 = torch.randn_like(q)
+    assert torch.equal(traced(q2), f(q2)) and not torch.equal(f(q2), f(q))
+    batched = torch.vmap(f)(torch.stack([q, q2]))
+    assert torch.equal(batched[0], f(q)) and torch.equal(batched[1], f(q2))
+
+
 def test_opcheck_attention_backward_directly() -> None:
     args = _attention_args("hub", "edge+dropout+bias", True, torch.float64)
     q, k, v, ptr, col, plan, tptr, trow, tperm, csc_plan, bias, ea, eq, key, scale, p = args

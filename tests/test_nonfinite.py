@@ -313,7 +313,8 @@ OVERFLOW_EDGES = [[0, 1, 0, 1, 2, 3, 4, 3, 4], [0, 0, 1, 2, 3, 3, 4, 5, 5]]
 # whose other scores are -inf or finite; None and "scale": the hand-built
 # cases of _overflowing.
 OVERFLOW_SEEDS = [None, "scale", 1, 3, 21]
-OVERFLOW_DTYPES = [torch.float32, torch.bfloat16]  # float16 has no 1e20; float64 no overflow
+# float16 has no 1e20 (its overflow is the product's, below); float64 none at all.
+OVERFLOW_DTYPES = [torch.float32, torch.bfloat16]
 
 
 def _overflowing(seed, dtype):
@@ -354,6 +355,22 @@ def test_overflowing_scores_agree_on_every_backend(backend, seed, dtype):
         assert want[5, 0].isnan().all() and not want[5, 1].isnan().any()
     got = attention(q, k, v, AttentionGraph(ei, 6), scale=0.5, backend=backend)
     _same(got, want, dtype, f"{backend} seed {seed} {dtype}")
+
+
+@pytest.mark.parametrize("backend", ["mp", "fused", "sdpa", "auto"])
+def test_float16_products_past_65504_agree_on_every_backend(backend):
+    # 300 * 300 = 9e4 overflows float16 but not the float32 every backend reduces
+    # in: finite scores, finite outputs, equal to the float32 computation's.
+    q = torch.full((4, 1, 3), 300.0, dtype=torch.float16)
+    k = q.clone()
+    k[1] = torch.tensor([-300.0, 300.0, 300.0]).view(1, 3)
+    v = torch.randn(4, 1, 3, generator=torch.Generator().manual_seed(0)).half()
+    graph = AttentionGraph.complete(4)
+    want = attention(q.float(), k.float(), v.float(), graph, backend="mp")
+    got = attention(q, k, v, graph, backend=backend)
+    assert got.dtype == torch.float16 and got.isfinite().all()
+    # float16 rounding of the weights and the output: 2^-11 relative, |v| < 3.
+    torch.testing.assert_close(got.float(), want, atol=4e-3, rtol=0)
 
 
 @pytest.mark.parametrize("seed", OVERFLOW_SEEDS)

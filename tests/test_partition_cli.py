@@ -1,12 +1,13 @@
 """``gnnattn partition``: one file per rank that ``GraphPart.load`` reads back as
 ``partition(...).part(rank)``; bad inputs are one line and status 2."""
 
-import contextlib
 import io
 import os
 import re
+import select
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -142,9 +143,19 @@ def test_progress_bar_on_a_real_pseudo_terminal(tmp_path):
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=follower)
     os.close(follower)
     drawn = b""
-    with contextlib.suppress(OSError):  # EIO once the command has closed its side
-        while chunk := os.read(leader, 4096):
-            drawn += chunk
+    deadline = time.monotonic() + 300  # a stuck command fails the test, never hangs it
+    while time.monotonic() < deadline:
+        if not select.select([leader], [], [], 1.0)[0]:
+            if proc.poll() is not None:
+                break
+            continue
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO once the command has closed its side
+            break
+        if not chunk:
+            break
+        drawn += chunk
     os.close(leader)
     out = proc.communicate(timeout=300)[0].decode()
     assert proc.returncode == 0

@@ -56,18 +56,23 @@ def _version(dist: str) -> str | None:
 
 
 def _git(*args: str) -> str | None:
-    """The output of ``git ARGS`` in this package's checkout, or ``None`` (no git, no checkout)."""
+    """The output of ``git ARGS`` in this package's checkout, or ``None`` (no git, no
+    checkout, or gnnattn installed inside another project's checkout, whose commit
+    the figures are not)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    with contextlib.suppress(Exception):
-        res = subprocess.run(
-            ["git", "-C", here, *args],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-        if res.returncode == 0:
-            return res.stdout.strip()
-    return None
+    root = os.path.dirname(os.path.dirname(here))  # the folder that holds gnnattn/
+
+    def run(*a: str) -> str | None:
+        with contextlib.suppress(Exception):
+            res = subprocess.run(["git", "-C", here, *a], capture_output=True, text=True, timeout=5)
+            if res.returncode == 0:
+                return res.stdout.strip()
+        return None
+
+    top = run("rev-parse", "--show-toplevel")
+    if top is None or os.path.realpath(top) != os.path.realpath(root):
+        return None
+    return run(*args)
 
 
 def _git_commit() -> str | None:

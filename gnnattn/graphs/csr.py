@@ -37,8 +37,13 @@ def is_sorted_by_target(edge_index: Tensor) -> bool:
 
 def _on_host(t: Tensor) -> bool:
     """Whether the CPU's counting sorts (:mod:`gnnattn.kernels.cpu.layouts`) build the
-    layout: a CPU tensor outside ``torch.compile`` (which traces the torch version)."""
-    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+    layout: a CPU tensor outside ``torch.compile`` and ``torch.jit.trace`` (which trace
+    the torch version), with numba installed (without it, the torch version)."""
+    if t.device.type != "cpu" or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    from ..kernels import COMPILED
+
+    return "cpu" in COMPILED
 
 
 def _counts(ids: Tensor, n: int) -> Tensor:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .csr import CSR
+from .csr import CSR, _on_host
 
 __all__ = ["KINDS", "Structure", "detect_structure"]
 
@@ -101,7 +101,7 @@ def _detect_window(lo: torch.Tensor, hi: torch.Tensor, i: torch.Tensor) -> Struc
 
 def _rows_are_ranges(ptr: torch.Tensor, col: torch.Tensor) -> bool:
     """Whether every row has sources that step by exactly 1 (no gaps, no duplicates)."""
-    if col.device.type == "cpu" and not torch.compiler.is_compiling():
+    if _on_host(col):
         # One compiled pass that stops at the first row that is not a range (most
         # graphs' first row): six torch ops over every edge cost more on small graphs.
         from ..kernels.cpu.layouts import rows_are_ranges

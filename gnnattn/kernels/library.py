@@ -355,7 +355,8 @@ def _attention_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor, grad_eo: T
     need_dea = ea is not None and ctx.needs_input_grad[11]
     ge = grad_eo.contiguous() if ea is not None and grad_eo is not None else None
     grad_out = grad_out.contiguous()
-    bwd = _attention_bwd if _eager((q, grad_out)) else torch.ops.gnnattn.attention_bwd
+    saved = (q, k, v, out, lse, grad_out, bias, ea, eq, eo, ge)
+    bwd = _attention_bwd if _eager(saved) else torch.ops.gnnattn.attention_bwd
     dq, dk, dv, dbias, dea, deq = bwd(
         q,
         k,
@@ -409,9 +410,11 @@ def _eager(tensors: tuple[Any, ...]) -> bool:
     fake tensors) on plain tensors. What the dispatcher and the registered autograd
     then add, per call (a scan of the schema, a generated autograd function), was
     half of the op's cost on a batch of molecules."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
-    if torch._C._is_torch_function_mode_enabled():
+    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return False
+    if torch._C._are_functorch_transforms_active():  # vmap, grad: the op's rules apply
         return False
     return all(type(t) is Tensor for t in tensors if isinstance(t, Tensor))
 
@@ -421,10 +424,10 @@ class _Attention(torch.autograd.Function):
     (the eager path of :func:`attention`): the same setup and the same backward."""
 
     @staticmethod
-    def forward(ctx: Any, *inputs: Any) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
-        output = _attention_fwd(*inputs)
-        _attention_setup(ctx, inputs, output)
-        return output
+    def forward(*inputs: Any) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+        return _attention_fwd(*inputs)
+
+    setup_context = staticmethod(_attention_setup)
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> Any:  # type: ignore[override]

@@ -32,7 +32,9 @@ def _kernel_dtype(t: Tensor) -> torch.dtype:
 
 
 def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The ``"fused"`` backend: one call of ``torch.ops.gnnattn.attention_fwd``.
+    """The ``"fused"`` backend: one call of ``torch.ops.gnnattn.attention_fwd`` (through
+    :func:`gnnattn.kernels.library.attention`, which runs its implementation directly
+    in eager mode).
 
     ``a.score_bias`` ``[|E|, H]`` and ``edge_attr`` ``[|E|, F]`` follow
     ``graph.edge_index``; they are put in CSR order here (a gather that

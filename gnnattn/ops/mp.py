@@ -62,7 +62,10 @@ class MessagePassingAttention(MessagePassing):
     ) -> Tensor:
         if key_bias is not None:
             key_j = key_j + key_bias  # (E, H, C): PyG's k_j + W_k a_ij
-        score = (query_i * key_j).sum(dim=-1) * scale  # (E, H)
+        # The dot products in the accumulation dtype, as every kernel has them: a
+        # float16 product overflows past 65504, where a float32 one does not.
+        acc = acc_dtype(query_i.dtype)
+        score = (query_i.to(acc) * key_j.to(acc)).sum(dim=-1) * scale  # (E, H)
         return score + score_bias if score_bias is not None else score
 
     def message(  # type: ignore[override]
@@ -128,16 +131,14 @@ def mp_attention(a: AttentionArgs) -> tuple[Tensor, Tensor | None, Tensor]:
     # pointers are the graph's, and the compiled segment softmax can run.
     ptr = graph.csr.ptr if graph.csr.perm is None else None
     alpha = segment_softmax(score, index, n, ptr=ptr)  # (E, H)
-    # In the accumulation dtype, as the kernels keep it (a half lse would round the
-    # log-sum-exp to 3 digits).
-    lse = (
-        reference.segment_logsumexp(score.to(acc_dtype(score.dtype)), index, n)
-        if a.return_lse
-        else None
-    )
+    # The scores, the weights and the log-sum-exp are in the accumulation dtype (a
+    # half lse would round the log-sum-exp to 3 digits); the messages in v's.
+    lse = reference.segment_logsumexp(score, index, n) if a.return_lse else None
     kept = alpha
     if a.dropout_key is not None:
         keep = dropout_mask(graph, a.dropout_key, a.dropout_p, h)
         kept = alpha * keep.to(alpha.dtype) * (1.0 / (1.0 - a.dropout_p))  # (E, H)
-    out = mp.propagate(edge_index, value=v, alpha=kept, value_bias=value_bias, size=size)
-    return out, lse, alpha
+    out = mp.propagate(
+        edge_index, value=v, alpha=kept.to(v.dtype), value_bias=value_bias, size=size
+    )
+    return out, lse, alpha.to(q.dtype)

@@ -155,7 +155,8 @@ def _check_edge(
 def _edge_lse(q: Tensor, k: Tensor, graph: AttentionGraph, scale: float) -> Tensor:
     """The per-target log-sum-exp of the scores, through the edges (``|E| x H``)."""
     csr, ref = graph.csr, kernels.reference
-    s = ref.attention_scores(q, k, csr.ptr, csr.col, scale).to(acc_dtype(q.dtype))
+    acc = acc_dtype(q.dtype)
+    s = ref.attention_scores(q.to(acc), k.to(acc), csr.ptr, csr.col, scale)
     return ref.segment_logsumexp(s, segment_ids(csr.ptr, csr.col.numel()), graph.num_dst)
 
 

@@ -81,13 +81,6 @@ def _register() -> None:
 
 _register()
 
-#: Where the first-compile notice goes: a warning-level record, so that it shows
-#: without any logging set up (Python's last-resort handler prints it on stderr) and
-#: ``logging.getLogger("gnnattn").setLevel(logging.ERROR)`` silences it. Not a
-#: ``warnings.warn``: under ``-W error`` (a user's pytest) it would become an
-#: exception raised from inside numba's compiler.
-logger = logging.getLogger("gnnattn.kernels")
-
 _said = False  # once per process: one notice for the dozen kernels a first epoch compiles
 compiles = 0  # the package's kernels compiled in this process (cache misses)
 
@@ -114,7 +107,12 @@ def _notice(dispatcher: Any) -> None:
     if _said:
         return
     _said = True
-    logger.warning(
+    # A warning-level record of the "gnnattn.kernels" logger, so that it shows without
+    # any logging set up (Python's last-resort handler prints it on stderr) and
+    # logging.getLogger("gnnattn").setLevel(logging.ERROR) silences it. Not a
+    # warnings.warn: under -W error (a user's pytest) it would become an exception
+    # raised from inside numba's compiler.
+    logging.getLogger("gnnattn.kernels").warning(
         "gnnattn: compiling the CPU kernels (numba) on their first use: seconds per kernel, "
         "once per environment (again after an upgrade of gnnattn or numba); the machine "
         "code is cached in %s. `gnnattn warmup` compiles them ahead.",

@@ -136,10 +136,14 @@ def transpose(
     ptr: Tensor, col: Tensor, num_src: int, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(tptr, trow, tperm)`` as :func:`gnnattn.graphs.transpose_csr` defines them."""
+    if ptr.dtype != torch.int64:
+        raise TypeError(f"Expected 'ptr' of dtype torch.int64, got {ptr.dtype}")
     p = ptr.contiguous().numpy()
-    if ptr.dtype != torch.int64 or not _well_formed(p, col.shape[0]):
+    if not _well_formed(p, col.shape[0]):
+        ends = f"[{int(p[0])}, ..., {int(p[-1])}]" if p.size else "[]"
         raise ValueError(
-            f"Expected 'ptr' int64 CSR pointers from 0 to |E| = {col.shape[0]}, non-decreasing"
+            f"Expected 'ptr' non-decreasing from 0 to |E| = {col.shape[0]}, got {ends}"
+            + (" (not non-decreasing)" if p.size and p[0] == 0 and p[-1] == col.shape[0] else "")
         )
     np_dtype = np.int32 if dtype == torch.int32 else np.int64
     trow = np.empty(col.shape[0], np_dtype)

@@ -97,8 +97,9 @@ class _Plan:
 def _packed(ptr: Tensor, num_edges: int, threads: int) -> Tensor:
     """The split of a CSR with ``ptr`` for ``threads``, packed in one int64 tensor:
     ``[K + 1, P, S + 1, bounds..., pieces..., seg...]`` (:func:`.layouts.split`)."""
-    k = max(1, min(ptr.numel() - 1, _CHUNKS_PER_THREAD * threads))
-    return split(ptr, num_edges, k, _piece_limit(num_edges))
+    # Plain ints: under torch.jit.trace numel() is traced, which numba cannot type.
+    e, k = int(num_edges), max(1, min(int(ptr.numel()) - 1, _CHUNKS_PER_THREAD * threads))
+    return split(ptr, e, k, _piece_limit(e))
 
 
 @dataclass(frozen=True, eq=False)
