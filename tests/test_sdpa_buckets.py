@@ -166,22 +166,24 @@ def test_dropout_stays_inside_each_graph() -> None:
     assert not torch.cat([out[:7], out[8:]]).any()
 
 
-@pytest.mark.parametrize("special", [math.nan, math.inf, 1e200])
+@pytest.mark.parametrize("special", [math.nan, math.inf, 1e200, 1e150])
 def test_non_finite_values_stay_in_their_graph(special: float) -> None:
-    """The non-finite contract through the operator (with "auto" a NaN or inf input
-    goes to the fused kernel; a huge finite one stays on "sdpa"): only the graph of
-    the special row can turn non-finite."""
+    """The non-finite contract through the operator (with "auto" a NaN or inf input,
+    or a finite one whose scores may overflow, 1e200 squared in float64, goes to
+    the fused kernel; a huge one whose scores cannot, 1e150, stays on "sdpa"):
+    only the graph of the special row can turn non-finite."""
     lengths = [4, 1, 23, 2, 21]
     graph = AttentionGraph.complete(lengths=lengths)
     q, k, v = (t.detach() for t in _qkv(sum(lengths), seed=3))
     for t in (q, k):
         t[9] = special  # a row of the third graph (rows 5..27)
-    if not math.isfinite(special):
+    on_sdpa = special == 1e150  # scores up to 3 * 1e300: finite in float64
+    if not on_sdpa:
         # Asked for by name, SDPA refuses inputs its kernels would get wrong; "auto"
         # takes the fused kernel for them.
         with pytest.raises(ValueError, match="backend='sdpa' takes finite"):
             attention(q, k, v, graph, backend="sdpa")
-    out = attention(q, k, v, graph, backend="sdpa" if math.isfinite(special) else "auto")
+    out = attention(q, k, v, graph, backend="sdpa" if on_sdpa else "auto")
     ref = attention(q, k, v, graph, backend="mp")
     assert torch.equal(out.isnan(), ref.isnan())
     assert torch.isfinite(torch.cat([out[:5], out[28:]])).all()
