@@ -151,6 +151,7 @@ def _run(quick: bool = False, device: str = "cpu") -> dict[str, Any]:
 
     machine = machine_info("cpu")
     machine["device"] = device
+    machine["threads"] = 2  # the run's, whatever this process's thread count is
     machine["loadavg_end"] = machine.get("loadavg", [0.0, 0.0, 0.0])
     case = "random graph N=1,000, |E|=8,000 <of> 4*8"
     rows = [
