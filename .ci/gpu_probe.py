@@ -9,10 +9,18 @@ N = 1M against the bytes it gathers, PyG ``TransformerConv``, SDPA and
 compiled FlexAttention), ``options`` (the fused kernels called with plans:
 forward + backward with dropout and raw edge features against without, by
 ``triton.testing.do_bench``; that a planned call never synchronises),
-``correctness`` (at scale, against a float64 reference, score bias and
-dropout included; offsets past 2**31; deterministic backward), ``registers``
-(registers and spills of every kernel compiled in this process, after
-compiling them at the probe's sizes).
+``tiles`` (the ``tiles`` bench suite: sliding window, batched
+variable-length graphs, dilated window, BigBird, a reordered kNN graph and a
+random graph against compiled FlexAttention and the CSR kernel, cases in that
+order while the section's time lasts), ``correctness`` (at scale, against a
+float64 reference, score bias and dropout included; offsets past 2**31;
+deterministic backward), ``registers`` (registers and spills of every kernel
+compiled in this process, after compiling them at the probe's sizes).
+
+Achieved bandwidths are reported as fractions of the copy bandwidth measured
+in the same section (``softmax``: the segment softmax forward and backward,
+``attention``: the CSR forward's gathers), with the best of each in
+``fraction_of_copy``.
 
 ``--dry-run`` runs every section end to end on the CPU at tiny sizes through
 Triton's interpreter (times are then meaningless and say so): the test suite
@@ -160,10 +168,7 @@ def section_softmax(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, 
     from gnnattn.kernels import triton_softmax as ts
 
     timer = Timer(device, sizes["reps"])
-    n_copy = sizes["copy_bytes"] // 4
-    buf = torch.empty(n_copy, dtype=torch.float32, device=device)
-    t_copy = timer(lambda: buf.clone())
-    copy_gbps = 2 * sizes["copy_bytes"] / t_copy / 1e9  # read + write
+    copy_gbps = _copy_gbps(timer, device, sizes["copy_bytes"])
     rows = []
     e_total = sizes["softmax_edges"]
     for graph in ("degree 32", "hub"):
@@ -221,7 +226,20 @@ def section_softmax(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, 
                 except Exception as err:  # noqa: BLE001 - recorded, the probe goes on
                     row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
                 rows.append(row)
-    return {"copy_gbps": copy_gbps, "rows": rows}
+    ok = [r for r in rows if "error" not in r]
+    best = {
+        f"{pass_}_best": max((r[f"{pass_}_fraction_of_copy"] for r in ok), default=None)
+        for pass_ in ("fwd", "bwd")
+    }
+    return {"copy_gbps": copy_gbps, "fraction_of_copy": best, "goal": 0.7, "rows": rows}
+
+
+def _copy_gbps(timer: Timer, device: str, nbytes: int) -> float:
+    """Read + write bandwidth of one ``clone`` of ``nbytes``."""
+    import torch
+
+    buf = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    return 2 * nbytes / timer(buf.clone) / 1e9
 
 
 def _random_graph(n: int, deg: int, device: str, seed: int = 0):
@@ -242,7 +260,14 @@ def section_attention(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str
     from gnnattn.ops import attention
 
     timer = Timer(device, sizes["reps"])
-    res: dict[str, Any] = {"fused": [], "transformer_conv": [], "complete": {}, "window": {}}
+    copy_gbps = _copy_gbps(timer, device, sizes["copy_bytes"])
+    res: dict[str, Any] = {
+        "copy_gbps": copy_gbps,
+        "fused": [],
+        "transformer_conv": [],
+        "complete": {},
+        "window": {},
+    }
     n, deg, h, c = sizes["attn_nodes"], 32, 8, 64
     graph = AttentionGraph(_random_graph(n, deg, device), n)
     _ = graph.csr, graph.csc  # built once, outside the timings
@@ -268,6 +293,7 @@ def section_attention(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str
                 fwd_ms=t_f * 1e3,
                 fwdbwd_ms=t_fb * 1e3,
                 fwd_gather_gbps=gathered / t_f / 1e9,
+                fwd_fraction_of_copy=gathered / t_f / 1e9 / copy_gbps,
                 peak_fwdbwd_bytes=_peak(device, fwdbwd),
             )
         except Exception as err:  # noqa: BLE001
@@ -353,6 +379,62 @@ def section_attention(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str
         except Exception as err:  # noqa: BLE001
             row["flex"] = f"{type(err).__name__}: {str(err)[:300]}"
     res["window"] = row
+    fractions = [r["fwd_fraction_of_copy"] for r in res["fused"] if "fwd_fraction_of_copy" in r]
+    res["fraction_of_copy"] = {"csr_fwd_best": max(fractions, default=None)}
+    return res
+
+
+def section_tiles(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, Any]:
+    """The ``tiles`` bench suite, case by case in order of value, until 60% of the section's
+    budget is spent (a case started then may still finish); ratios to each case's baseline
+    (compiled FlexAttention where it has one)."""
+    import torch
+
+    from gnnattn.bench.harness import BenchConfig, run_case
+    from gnnattn.bench.suites.tiles import CASE_BUILDERS
+    from gnnattn.ops import BACKENDS
+
+    budget = float(os.environ.get("GNNATTN_PROBE_BUDGET", "90"))
+    cfg = BenchConfig(device=device, quick=dry, memory=False, min_reps=3, max_reps=10)
+    cfg.budget_s = 0.5 if dry else 2.0
+    dev = torch.device(device)
+    t0 = time.perf_counter()
+    keep = ("candidate", "baseline", "status", "median_ms", "ratio", "max_abs_diff", "note")
+    # The summary first (the log shows the JSON's first 4000 characters): per case and
+    # mode, each row's ratio to the baseline, or its status.
+    res: dict[str, Any] = {
+        "summary": {},
+        "tiles_backend": "tiles" in BACKENDS,
+        "not_run": [],
+        "cases": [],
+    }
+    for name, build in CASE_BUILDERS.items():
+        if time.perf_counter() - t0 > 0.6 * budget:
+            res["not_run"].append(name)
+            continue
+        try:
+            for case in build(cfg, dev):
+                for mode in case.modes:
+                    rows = run_case(case, mode, cfg)
+                    res["cases"].append(
+                        {
+                            "case": case.name,
+                            "mode": mode,
+                            "baseline": case.baseline,
+                            "rows": [{k: r[k] for k in keep} for r in rows],
+                        }
+                    )
+                    res["summary"][f"{name} {mode}"] = {
+                        r["candidate"]: r["ratio"] if r["ratio"] is not None else r["status"]
+                        for r in rows
+                    }
+        except Exception as err:  # noqa: BLE001 - recorded, the probe goes on
+            res["cases"].append({"case": name, "error": f"{type(err).__name__}: {str(err)[:300]}"})
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        # What is done survives a timeout, which replaces tiles.json with its marker.
+        (_out_dir() / "tiles.partial.json").write_text(json.dumps(res, indent=1, default=str))
+    res["seconds_in_cases"] = time.perf_counter() - t0
     return res
 
 
@@ -666,7 +748,16 @@ def section_compile(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, 
     return res
 
 
-SECTIONS = ("tests", "softmax", "attention", "options", "correctness", "registers", "compile")
+SECTIONS = (
+    "tests",
+    "softmax",
+    "attention",
+    "tiles",
+    "options",
+    "correctness",
+    "registers",
+    "compile",
+)
 
 
 def main() -> int:

@@ -97,6 +97,10 @@ CASES: list[tuple[str, Make]] = [
         "SimplifiedAttention: thin window",
         lambda: (SimplifiedAttention(), (_x(), sliding_window_graph(N, window=1)), {}),
     ),
+    (
+        "SimplifiedAttention: long window, tiles",
+        lambda: (SimplifiedAttention(), (_x(600), sliding_window_graph(600, window=32)), {}),
+    ),
     ("SelfAttentionConv: complete", lambda: (SelfAttentionConv(D, H), (_x(),), {})),
     ("SelfAttentionConv: sparse", lambda: (SelfAttentionConv(D, H), (_x(), _sparse()), {})),
     (
@@ -216,9 +220,10 @@ def test_the_cases_cover_every_backend_and_both_answers_of_auto(ran: list[str]) 
         told = _ask(layer, args, kwargs)
         for c in told if isinstance(told, list) else [told]:
             seen.setdefault(c.backend, set()).add(c.reason)
-    assert set(seen) == {"mp", "sdpa", "fused"}
+    assert set(seen) == {"mp", "sdpa", "fused", "tiles"}
     assert any("asked for" not in r for r in seen["sdpa"])
     assert any("asked for" not in r for r in seen["fused"])
+    assert any("asked for" not in r for r in seen["tiles"])
 
 
 def test_backend_for_checks_the_inputs_as_the_call_does() -> None:

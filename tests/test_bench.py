@@ -191,3 +191,37 @@ def test_progress_bars_on_a_terminal_only(tmp_path, capsys, monkeypatch):
     assert "gnnattn bench" in drawn and "2/2" in drawn and "[softmax]" in drawn, drawn
     assert "[reorder]" in drawn and "\r" in drawn
     assert all(line in drawn for line in running)
+
+
+def test_tiles_suite_quick(tmp_path):
+    """``--suite tiles``: every case against its baseline (Flex forward, dense SDPA or
+    "auto" forward + backward on the CPU, "fused" for the layer cases); a ``gnnattn tiles``
+    row in each, run when the backend exists and said to be missing otherwise."""
+    from gnnattn.ops import BACKENDS
+
+    path = tmp_path / "tiles.json"
+    argv = ["bench", "--quick", "--suite", "tiles", "--no-memory", "--json", str(path)]
+    assert main(argv) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert {r["suite"] for r in rows} == {"tiles"}
+    cases = {r["case"] for r in rows}
+    for what in ("sliding window", "dilated window", "BigBird", "complete within each"):
+        assert any(what in c for c in cases), (what, cases)
+    knn = [r for r in rows if r["case"].startswith("kNN graph")]
+    assert knn and "Hilbert order" in knn[0]["case"] and "tile fill at B=64" in knn[0]["case"]
+    for r in rows:
+        if r["candidate"] == "gnnattn tiles":
+            assert (r["status"] == "ok") == ("tiles" in BACKENDS), r
+            continue
+        assert r["status"] == "ok", r
+        assert r["max_abs_diff"] is not None and r["max_abs_diff"] < 1e-4, r
+    by = {(r["case"], r["mode"], r["candidate"]): r for r in rows}
+    window = next(c for c in cases if c.startswith("sliding window"))
+    # Flex is the forward's baseline; on the CPU (no Flex backward) dense SDPA with the mask.
+    assert by[window, "fwd", "FlexAttention (eager, BlockMask)"]["ratio"] == 1.0
+    assert by[window, "fwdbwd", "dense SDPA, boolean mask"]["ratio"] == 1.0
+    assert (window, "fwdbwd", "FlexAttention (eager, BlockMask)") not in by
+    # On a random graph "auto" keeps the CSR kernel.
+    random = [r for r in rows if r["case"].startswith("random graph")]
+    auto = [r for r in random if r["candidate"] == "gnnattn auto"]
+    assert auto and all("auto took 'tiles'" not in r["note"] for r in auto)

@@ -63,6 +63,22 @@ def test_graph_vs_dense_agrees(tmp_path):
     assert {"mp_s", "sdpa_s", "fused_s", "torch_s"} <= set(rows[0])
 
 
+@pytest.mark.slow
+def test_long_range_separates_local_from_global(tmp_path):
+    result, proc = run_example("long_range.py", tmp_path)
+    models = result["models"]
+    mpnn, exphormer = models["local MPNN (GIN)"], models["GPS + Exphormer"]
+    # Paths of 32 nodes, 3 layers: the MPNN sees the coloured node from 4 nodes of 32
+    # and guesses the rest (chance 0.25); global attention reaches every node.
+    assert mpnn["accuracy"] < 0.5
+    assert exphormer["accuracy"] > mpnn["accuracy"] + 0.3
+    assert models["GPS + full attention"]["accuracy"] > mpnn["accuracy"] + 0.3
+    # Comparable models: parameter counts within 10% of each other.
+    params = [m["params"] for m in models.values()]
+    assert max(params) < 1.1 * min(params)
+    assert "| GPS + Exphormer |" in proc.stdout
+
+
 def _functions(path: Path) -> dict[str, ast.FunctionDef]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     return {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}

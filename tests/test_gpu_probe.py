@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("tests", "softmax", "attention", "options", "correctness", "registers", "compile")
+SECTIONS = (
+    "tests",
+    "softmax",
+    "attention",
+    "tiles",
+    "options",
+    "correctness",
+    "registers",
+    "compile",
+)
 
 
 @pytest.mark.slow
@@ -56,3 +65,10 @@ def test_gpu_probe_dry_run_writes_every_section(tmp_path):
     softmax = json.loads((tmp_path / "softmax.json").read_text())
     assert {r["graph"] for r in softmax["rows"]} == {"degree 32", "hub"}
     assert all("error" not in r for r in softmax["rows"])
+    # Achieved bandwidth as a fraction of the copy bandwidth, reported once per section.
+    assert softmax["fraction_of_copy"]["fwd_best"] > 0 and softmax["goal"] == 0.7
+    assert attention["fraction_of_copy"]["csr_fwd_best"] > 0
+    tiles = json.loads((tmp_path / "tiles.json").read_text())
+    assert tiles["cases"] and all("error" not in c for c in tiles["cases"]), tiles
+    window = [c for c in tiles["cases"] if c["case"].startswith("sliding window")]
+    assert {c["mode"] for c in window} == {"fwd", "fwdbwd"}

@@ -1,12 +1,24 @@
 """Graph layouts for the kernels (int32 transposed CSR, no copies of grouped edges,
-lean CSR adjacencies) and node reordering (reverse Cuthill-McKee)."""
+lean CSR adjacencies), node reordering (reverse Cuthill-McKee, METIS parts, Hilbert and
+Morton curves) and the tile fill it gives."""
 
 from __future__ import annotations
+
+import importlib.util
+import itertools
 
 import pytest
 import torch
 
-from gnnattn import AttentionGraph, SelfAttentionConv, permute, reorder, sliding_window_graph
+from gnnattn import (
+    AttentionGraph,
+    SelfAttentionConv,
+    complete_graph,
+    permute,
+    reorder,
+    sliding_window_graph,
+    tile_fill,
+)
 from gnnattn.graphs import to_csr
 
 TOL = 1e-10
@@ -96,10 +108,125 @@ def test_reordered_layer_gives_the_same_outputs_and_gradients(graph):
 def test_reorder_bad_input():
     ei = grid(3)
     with pytest.raises(ValueError, match="'method'"):
-        reorder(ei, method="metis")
+        reorder(ei, method="spectral")
     with pytest.raises(ValueError, match="bipartite"):
         reorder(AttentionGraph(torch.tensor([[0, 1], [0, 0]]), 1, num_src=2))
     with pytest.raises(ValueError, match="'perm'"):
         permute(ei, torch.arange(5))
     with pytest.raises(ValueError, match="'perm'"):
         permute(ei, torch.zeros(9, dtype=torch.long))
+
+
+def lattice(side: int, dims: int) -> torch.Tensor:
+    """The integer points of a ``side ** dims`` grid, ``[side ** dims, dims]``, row-major."""
+    axes = torch.meshgrid(*[torch.arange(side)] * dims, indexing="ij")
+    return torch.stack([a.reshape(-1) for a in axes], 1).double()
+
+
+def no_edges(n: int) -> torch.Tensor:
+    return torch.stack([torch.arange(n), torch.arange(n)])  # self-loops: a graph of n nodes
+
+
+@pytest.mark.parametrize("dims, side", [(2, 8), (3, 4), (2, 16)])
+def test_hilbert_curve_steps_to_a_neighbour_every_time(dims, side):
+    pos = lattice(side, dims)
+    shuffle = torch.randperm(pos.shape[0], generator=torch.Generator().manual_seed(0))
+    pos = pos[shuffle] * 0.25 + 3.0  # ids in no order, the grid scaled and moved
+    order = reorder(no_edges(pos.shape[0]), pos=pos)  # "hilbert" when pos is given
+    walk = pos[order.perm]
+    steps = (walk[1:] - walk[:-1]).abs().sum(1)
+    assert torch.allclose(steps, torch.full_like(steps, 0.25))  # one grid step each
+    assert torch.equal(order.perm, reorder(no_edges(pos.shape[0]), method="hilbert", pos=pos).perm)
+
+
+def test_morton_curve_is_the_z_order():
+    pos = lattice(4, 2)  # (a, b) row-major
+    perm = reorder(no_edges(16), method="morton", pos=pos).perm
+    code = [
+        sum(
+            ((int(a) >> bit & 1) << (2 * bit + 1)) | ((int(b) >> bit & 1) << (2 * bit))
+            for bit in (0, 1)
+        )
+        for a, b in pos[perm].tolist()
+    ]
+    assert code == list(range(16))
+
+
+def brute_fill(ei: torch.Tensor, num_dst: int, block: int) -> float:
+    area = 0
+    for start in range(0, num_dst, block):
+        rows = range(start, min(start + block, num_dst))
+        sources = {int(j) for j, i in ei.t().tolist() if i in rows}
+        area += len(rows) * len(sources)
+    return ei.shape[1] / area if area else 1.0
+
+
+@pytest.mark.parametrize("block", [1, 3, 8, 50])
+def test_tile_fill_is_edges_over_window_tiles(block):
+    gen = torch.Generator().manual_seed(block)
+    ei = torch.stack(
+        [torch.randint(0, 30, (120,), generator=gen), torch.randint(0, 37, (120,), generator=gen)]
+    )
+    assert tile_fill(ei, 37, block=block) == pytest.approx(brute_fill(ei, 37, block), rel=1e-12)
+    bipartite = AttentionGraph(ei, 37, num_src=30)
+    assert tile_fill(bipartite, block=block) == pytest.approx(brute_fill(ei, 37, block), rel=1e-12)
+    assert tile_fill(complete_graph(block * 3), block=block) == 1.0
+    assert tile_fill(torch.zeros(2, 0, dtype=torch.long), 5, block=block) == 1.0
+
+
+def test_curves_and_metis_give_a_knn_graph_tile_fill():
+    from gnnattn.bench.suites.common import knn_graph
+
+    gen = torch.Generator().manual_seed(4)
+    pos = torch.rand(3000, 3, generator=gen, dtype=torch.float64)
+    ei = knn_graph(pos, 8)
+    graph = AttentionGraph(ei, 3000)
+    fill = {"random ids": tile_fill(graph, block=32)}
+    methods = ["rcm", "hilbert", "morton"]
+    if importlib.util.find_spec("pymetis") is not None:
+        methods.append("metis")
+    for method in methods:
+        order = reorder(graph, method=method, pos=pos if method in ("hilbert", "morton") else None)
+        assert torch.equal(order.perm.sort().values, torch.arange(3000))
+        fill[method] = tile_fill(permute(graph, order.perm), block=32)
+    assert fill["hilbert"] > 3 * fill["random ids"], fill
+    assert fill["hilbert"] > fill["rcm"] and fill["morton"] > fill["rcm"], fill
+    if "metis" in fill:
+        assert fill["metis"] > 2 * fill["random ids"], fill
+
+
+@pytest.mark.parametrize("method", ["hilbert", "metis"])
+def test_layer_on_a_curve_order_gives_the_same_outputs(method):
+    if method == "metis" and importlib.util.find_spec("pymetis") is None:
+        pytest.skip("needs pymetis")
+    side = 9
+    ei = grid(side)
+    pos = torch.stack(
+        [torch.arange(side).repeat_interleave(side), torch.arange(side).repeat(side)], 1
+    )
+    g = AttentionGraph(ei, side * side)
+    order = reorder(g, method=method, pos=pos.double() if method == "hilbert" else None, block=8)
+    layer = layer64()
+    x = torch.randn(side * side, 8, dtype=torch.float64)
+    out_r = order.restore(layer(order.apply(x), permute(g, order.perm)))
+    assert torch.allclose(out_r, layer(x, g), atol=TOL)
+
+
+def test_curve_bad_input():
+    ei = grid(3)
+    with pytest.raises(ValueError, match="'pos'.*method='hilbert'"):
+        reorder(ei, method="hilbert")
+    with pytest.raises(ValueError, match="'pos' only"):
+        reorder(ei, method="rcm", pos=torch.zeros(9, 2))
+    with pytest.raises(ValueError, match=r"'pos' of shape \[9, D\]"):
+        reorder(ei, pos=torch.zeros(8, 2))
+    with pytest.raises(ValueError, match="finite 'pos'"):
+        reorder(ei, pos=torch.full((9, 2), float("nan")))
+    with pytest.raises(TypeError, match="'pos'"):
+        reorder(ei, pos=[[0.0, 0.0]] * 9)
+    with pytest.raises(ValueError, match="'block'"):
+        tile_fill(ei, block=0)
+    for n, d in itertools.product((0, 1), (1, 3)):  # no points, one point: nothing to sort
+        assert reorder(
+            torch.zeros(2, 0, dtype=torch.long), n, pos=torch.zeros(n, d)
+        ).perm.tolist() == list(range(n))

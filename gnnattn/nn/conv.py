@@ -10,6 +10,7 @@ from torch_geometric.nn import MessagePassing
 
 from ..checks import check_float, check_int, check_x
 from ..ops import AttentionOutput, BackendChoice, check_backend
+from .bias import check_attn_bias
 from .parts import AnyGraph, PartLike, attend, choose, graph_or_part
 
 __all__ = ["SelfAttentionConv"]
@@ -33,6 +34,9 @@ class SelfAttentionConv(MessagePassing):
     edge terms exist only with ``edge_dim`` (:math:`W_E` maps an edge's
     features to one additive score bias per head) and ``edge_value=True``
     (:math:`W_{EV}` adds them to the value, as PyG's ``TransformerConv`` does).
+    A call's ``attn_bias`` :math:`b_{ij}^h` (``[|E|, H]``, in the order of the
+    graph's edges: a shortest-path distance or a structural encoding per pair)
+    is added to the scores as well, beside :math:`(W_E e_{ij})^h`.
 
     On the complete graph this is exactly :class:`torch.nn.MultiheadAttention`
     (see :meth:`from_torch` / :meth:`to_torch`); with ``causal=True`` it is
@@ -170,6 +174,7 @@ class SelfAttentionConv(MessagePassing):
         edge_attr: Tensor | None = None,
         *,
         batch: Tensor | None = None,
+        attn_bias: Tensor | None = None,
         return_attention_weights: bool = False,
         backend: str | None = None,
     ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -192,17 +197,25 @@ class SelfAttentionConv(MessagePassing):
             batch (Tensor, optional): sorted sequence id of every node: one
                 complete (or causal) graph per sequence; not together with
                 ``edge_index``. (default: :obj:`None`)
+            attn_bias (Tensor, optional): ``[|E|, H]`` added to the scores, one
+                row per edge of the graph in its ``edge_index`` order (for a
+                causal layer, of the edges as given or as kept).
+                (default: :obj:`None`)
             return_attention_weights (bool, optional): also return
                 ``(edge_index, alpha)``. (default: :obj:`False`)
             backend (str, optional): this call's backend instead of the
                 layer's. (default: :obj:`None`)
         """
         graph, x_src, x_dst, edge_attr = self._inputs(x, edge_index, edge_attr, batch)
+        if attn_bias is not None:
+            attn_bias = check_attn_bias(attn_bias, graph, self.num_heads, x_dst.device)
         h, c = self.num_heads, self.head_dim
         n_src, n_dst = x_src.shape[0], x_dst.shape[0]
         score_bias = None
         if self.lin_edge is not None and edge_attr is not None:
             score_bias = self.lin_edge(edge_attr)  # (E, H)
+        if attn_bias is not None:
+            score_bias = attn_bias if score_bias is None else score_bias + attn_bias
         # W_EV e_ij enters the values through the operator's edge_value: the
         # fused path aggregates the raw features and maps the aggregate, so no
         # [E, D] tensor is made (the same function: lin_edge_value has no bias).
@@ -237,9 +250,11 @@ class SelfAttentionConv(MessagePassing):
         edge_attr: Tensor | None = None,
         *,
         batch: Tensor | None = None,
+        attn_bias: Tensor | None = None,
         backend: str | None = None,
     ) -> BackendChoice:
-        """The backend the call ``self(x, edge_index, edge_attr, batch=batch)`` takes, and why.
+        """The backend the call ``self(x, edge_index, edge_attr, batch=batch,
+        attn_bias=attn_bias)`` takes, and why.
 
         Example:
             >>> layer = SelfAttentionConv(8, num_heads=2)
@@ -248,11 +263,13 @@ class SelfAttentionConv(MessagePassing):
             'fused'
         """
         graph, _, x_dst, edge_attr = self._inputs(x, edge_index, edge_attr, batch)
+        if attn_bias is not None:
+            check_attn_bias(attn_bias, graph, self.num_heads, x_dst.device)
         return choose(
             x_dst.new_empty(0, self.num_heads, self.head_dim),
             graph,
             backend=self.backend if backend is None else check_backend(backend),
-            score_bias=edge_attr is not None,
+            score_bias=edge_attr is not None or attn_bias is not None,
             dropout_p=self.dropout if self.training else 0.0,
             edge_attr=edge_attr is not None and self.edge_value,
         )

@@ -1,8 +1,10 @@
-"""PyG's ``GPSConv`` with its global attention per graph of the batch, without padding."""
+"""PyG's ``GPSConv`` with its global attention per graph of the batch, without padding, or
+over Exphormer's sparse graph (input edges, an expander, virtual nodes)."""
 
 from __future__ import annotations
 
 import inspect
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -14,12 +16,19 @@ from torch_geometric.nn.resolver import activation_resolver, normalization_resol
 from torch_geometric.typing import Adj
 
 from ..checks import check_float, check_int, check_tensor, check_x
-from ..graphs import AttentionGraph
+from ..graphs import AttentionGraph, ComposedGraph, check_batch, exphormer_graph
 from ..ops import AttentionOutput, BackendChoice, attention, backend_for, check_backend
 from ..ops import dropout as stream_dropout
+from .bias import check_attn_bias
 from .dropout import Dropout
 
 __all__ = ["GPSConv"]
+
+#: The global attentions GPSConv provides.
+ATTN_TYPES = ("multihead", "exphormer")
+#: attn_kwargs of attn_type="exphormer" (with their defaults) that are not
+#: MultiheadAttention's: they shape the Exphormer graph.
+EXPHORMER_KWARGS = MappingProxyType({"expander_degree": 3, "virtual_nodes": 1, "seed": 0})
 
 
 class GPSConv(torch.nn.Module):
@@ -60,6 +69,38 @@ class GPSConv(torch.nn.Module):
     :class:`torch.nn.Dropout` without state), so in training the masks differ
     from PyG's, not their distribution.
 
+    **Exphormer** (gnnattn's addition, ``attn_type="exphormer"``; `Shirzad et
+    al., ICML 2023 <https://arxiv.org/abs/2303.06147>`_): :math:`\mathcal{G}(i)`
+    becomes :math:`i`'s neighbours in :func:`~gnnattn.exphormer_graph` of the
+    batch: its input edges both ways, a random expander of degree
+    ``attn_kwargs["expander_degree"]`` (3) within each graph, the
+    ``attn_kwargs["virtual_nodes"]`` (1) virtual nodes of its graph, and
+    itself, so the attention costs :math:`O(|V| + |E|)` instead of
+    :math:`O(\sum_g |V_g|^2)` and runs on graphs of a million nodes. The graph
+    is built on each call from ``edge_index`` and ``batch`` (the expander drawn
+    from ``attn_kwargs["seed"]`` (0): the same batch, the same graph), or
+    passed once as ``attn_graph``. The virtual nodes' rows are the layer's
+    parameter ``virtual_embedding`` ``[k, D]`` (one row per virtual node of a
+    graph, the same for every graph), appended to ``x`` for the projections:
+    they are keys and values every node can read, and queries whose outputs
+    are dropped (the layer returns the real nodes, as PyG's does). As in
+    Exphormer's layers a virtual node reaches every node of its graph in one
+    hop and the expander any node in a few; unlike Exphormer's stack, whose
+    virtual states pass from layer to layer, each layer here starts its
+    virtual nodes from its own embedding. BigBird attention (PyG's open
+    pyg-team/pytorch_geometric#10598) is not provided yet: it waits for the
+    block-tile kernels.
+
+    **Attention bias** (gnnattn's addition, `PyG#9511
+    <https://github.com/pyg-team/pytorch_geometric/issues/9511>`_): a call's
+    ``attn_bias`` :math:`b_{ij}^h` ``[|E_G|, H]``, and with ``attn_edge_dim``
+    a call's ``attn_edge_attr`` :math:`e_{ij}` through ``attn_edge`` (a
+    bias-free ``Linear(attn_edge_dim, H)``), are added to the global
+    attention's scores (a shortest-path distance, a random-walk encoding of
+    the pair, the kind of an Exphormer edge), one row per edge of the
+    attention graph in its ``edge_index`` order; on the fused kernels, for
+    either ``attn_type``.
+
     Args:
         channels (int): :math:`D`, the width of the nodes.
         conv (MessagePassing, optional): the local message passing layer, or
@@ -76,16 +117,22 @@ class GPSConv(torch.nn.Module):
             does (:obj:`None` for none). (default: ``"batch_norm"``)
         norm_kwargs (Dict[str, Any], optional): arguments of ``norm``.
             (default: :obj:`None`)
-        attn_type (str, optional): ``"multihead"``; PyG's ``"performer"`` is
-            not provided (use :class:`torch_geometric.nn.GPSConv` for it).
-            (default: ``"multihead"``)
+        attn_type (str, optional): ``"multihead"`` (every pair of nodes of a
+            graph) or ``"exphormer"`` (gnnattn's: the Exphormer graph, above);
+            PyG's ``"performer"`` is not provided (use
+            :class:`torch_geometric.nn.GPSConv` for it). (default: ``"multihead"``)
         attn_kwargs (Dict[str, Any], optional): arguments of
             :class:`torch.nn.MultiheadAttention` (``dropout``, ``bias``, ...;
-            not ``add_bias_kv``, ``add_zero_attn``, ``kdim``, ``vdim``).
+            not ``add_bias_kv``, ``add_zero_attn``, ``kdim``, ``vdim``); with
+            ``attn_type="exphormer"`` also ``expander_degree`` (3),
+            ``virtual_nodes`` (1) and ``seed`` (0) of its graph.
             (default: :obj:`None`)
         backend (str, optional): the backend of :func:`gnnattn.attention`
             (``"auto"``, ``"sdpa"``, ``"fused"``, ``"mp"``); :meth:`backend_for`
             says which one a call takes and why. (default: ``"auto"``)
+        attn_edge_dim (int, optional): gnnattn's: the width of a call's
+            ``attn_edge_attr``, mapped to one score bias per head.
+            (default: :obj:`None`)
 
     Shapes:
         - **input:** ``x`` ``[|V|, D]``, ``edge_index`` (what ``conv`` takes),
@@ -93,7 +140,10 @@ class GPSConv(torch.nn.Module):
         - **output:** ``[|V|, D]``; with ``return_attention_weights=True`` also
           ``(edge_index [2, |E_G|], alpha [|E_G|, H])`` of the global attention,
           :math:`|E_G| = \sum_g |V_g|^2` (every ordered pair of nodes of one
-          graph, self-pairs included)
+          graph, self-pairs included; for ``"exphormer"`` the Exphormer
+          graph's edges, virtual nodes numbered from :math:`|V|`)
+        - **attn_bias:** ``[|E_G|, H]``; **attn_edge_attr:**
+          ``[|E_G|, attn_edge_dim]``
 
     Example:
         >>> from torch_geometric.nn import GINConv
@@ -108,6 +158,11 @@ class GPSConv(torch.nn.Module):
         >>> out, (attn_edges, alpha) = conv(x, edge_index, batch, return_attention_weights=True)
         >>> attn_edges.shape, alpha.shape  # 3*3 + 3*3 + 1*1 node pairs, 4 heads
         (torch.Size([2, 19]), torch.Size([19, 4]))
+        >>> exp = GPSConv(16, None, heads=4, attn_type="exphormer", attn_kwargs={"seed": 1})
+        >>> exp.virtual_embedding.shape  # one virtual node per graph
+        torch.Size([1, 16])
+        >>> exp(x, edge_index, batch).shape
+        torch.Size([7, 16])
     """  # noqa: E501
 
     def __init__(
@@ -124,6 +179,7 @@ class GPSConv(torch.nn.Module):
         attn_kwargs: dict[str, Any] | None = None,
         *,
         backend: str = "auto",
+        attn_edge_dim: int | None = None,
     ) -> None:
         super().__init__()
         check_int(channels, "channels", min=1)
@@ -140,8 +196,30 @@ class GPSConv(torch.nn.Module):
                 "provide Performer attention; use torch_geometric.nn.GPSConv(..., "
                 "attn_type='performer') for it"
             )
-        if attn_type != "multihead":
-            raise ValueError(f"Expected 'attn_type' to be 'multihead', got {attn_type!r}")
+        if attn_type not in ATTN_TYPES:
+            hint = (
+                " (BigBird attention is not provided yet: it waits for the block-tile kernels)"
+                if attn_type == "bigbird"
+                else ""
+            )
+            raise ValueError(
+                f"Expected 'attn_type' to be one of {ATTN_TYPES}, got {attn_type!r}{hint}"
+            )
+        check_int(attn_edge_dim, "attn_edge_dim", min=1, optional=True)
+        attn_kwargs = dict(attn_kwargs or {})
+        graph_kwargs = {k: attn_kwargs.pop(k) for k in EXPHORMER_KWARGS if k in attn_kwargs}
+        if graph_kwargs and attn_type != "exphormer":
+            raise ValueError(
+                f"Expected 'attn_kwargs' without {sorted(graph_kwargs)} with attn_type="
+                f"{attn_type!r} (they shape the Exphormer graph), got them; use "
+                f"attn_type='exphormer'"
+            )
+        graph_kwargs = {**EXPHORMER_KWARGS, **graph_kwargs}
+        for name, value in graph_kwargs.items():
+            check_int(value, f"attn_kwargs['{name}']")
+        self.expander_degree = graph_kwargs["expander_degree"]
+        self.virtual_nodes = graph_kwargs["virtual_nodes"] if attn_type == "exphormer" else 0
+        self.seed = graph_kwargs["seed"]
         self.channels = channels
         self.conv = conv
         self.heads = heads
@@ -149,9 +227,7 @@ class GPSConv(torch.nn.Module):
         self.attn_type = attn_type
         self.backend = check_backend(backend)
 
-        self.attn = torch.nn.MultiheadAttention(
-            channels, heads, batch_first=True, **(attn_kwargs or {})
-        )
+        self.attn = torch.nn.MultiheadAttention(channels, heads, batch_first=True, **attn_kwargs)
         if self.attn.bias_k is not None or self.attn.add_zero_attn:
             raise ValueError(
                 "Expected 'attn_kwargs' without add_bias_kv and add_zero_attn (they add keys "
@@ -183,6 +259,24 @@ class GPSConv(torch.nn.Module):
             signature = inspect.signature(self.norm1.forward)
             self.norm_with_batch = "batch" in signature.parameters
 
+        # gnnattn's additions, made last so that PyG's modules draw the same
+        # initial weights as PyG's layer; absent (no state_dict entry) unless asked for.
+        self.attn_edge_dim = attn_edge_dim
+        self.attn_edge: torch.nn.Linear | None = None
+        if attn_edge_dim is not None:
+            self.attn_edge = torch.nn.Linear(attn_edge_dim, heads, bias=False)
+        self.virtual_embedding: torch.nn.Parameter | None
+        if self.virtual_nodes:
+            self.virtual_embedding = torch.nn.Parameter(torch.empty(self.virtual_nodes, channels))
+            self._reset_virtual()
+        else:
+            self.register_parameter("virtual_embedding", None)
+
+    def _reset_virtual(self) -> None:
+        if self.virtual_embedding is not None:
+            # As Exphormer's nn.Embedding: N(0, 1), the scale of normalized features.
+            torch.nn.init.normal_(self.virtual_embedding)
+
     def reset_parameters(self) -> None:
         """Re-initialize every learnable parameter, as PyG's ``GPSConv`` does."""
         if self.conv is not None:
@@ -192,6 +286,9 @@ class GPSConv(torch.nn.Module):
         for norm in (self.norm1, self.norm2, self.norm3):
             if norm is not None:
                 norm.reset_parameters()
+        if self.attn_edge is not None:
+            self.attn_edge.reset_parameters()
+        self._reset_virtual()
 
     def forward(
         self,
@@ -200,6 +297,8 @@ class GPSConv(torch.nn.Module):
         batch: Tensor | None = None,
         *,
         attn_graph: AttentionGraph | None = None,
+        attn_bias: Tensor | None = None,
+        attn_edge_attr: Tensor | None = None,
         backend: str | None = None,
         return_attention_weights: bool = False,
         **kwargs: Any,
@@ -208,30 +307,45 @@ class GPSConv(torch.nn.Module):
 
         Args:
             x (Tensor): node features ``[|V|, D]``.
-            edge_index (Tensor or SparseTensor): the graph of ``conv``.
+            edge_index (Tensor or SparseTensor): the graph of ``conv`` (with
+                ``"exphormer"`` and no ``attn_graph``, also the input edges of
+                the attention graph: a ``[2, |E|]`` tensor, an ``EdgeIndex`` or
+                a ``torch.sparse`` ``adj_t``).
             batch (Tensor, optional): sorted graph id of every node ``[|V|]``
                 (nodes of one graph contiguous, as in a PyG ``Batch``); all
                 nodes form one graph when omitted. (default: :obj:`None`)
             attn_graph (AttentionGraph, optional): the global attention's graph,
                 built once (``AttentionGraph.from_batch(batch)``, or any
-                graph); made from ``batch`` on every call when omitted, which
-                reads the graph sizes on the host (inside ``torch.compile``,
-                a graph break: pass it). (default: :obj:`None`)
+                graph; for ``"exphormer"`` the :class:`~gnnattn.ComposedGraph`
+                of :func:`~gnnattn.exphormer_graph` with the layer's
+                ``virtual_nodes``); made from ``batch`` (and ``edge_index``)
+                on every call when omitted, which reads the graph sizes on the
+                host (inside ``torch.compile``, a graph break: pass it).
+                (default: :obj:`None`)
+            attn_bias (Tensor, optional): gnnattn's: ``[|E_G|, H]`` added to
+                the global attention's scores, one row per edge of its graph
+                in that graph's ``edge_index`` order. (default: :obj:`None`)
+            attn_edge_attr (Tensor, optional): gnnattn's: ``[|E_G|,
+                attn_edge_dim]`` features of the attention graph's edges,
+                mapped by ``attn_edge`` to a score bias per head (needs
+                ``attn_edge_dim``). (default: :obj:`None`)
             backend (str, optional): overrides the layer's ``backend`` for this
                 call only. (default: :obj:`None`, the layer's)
             return_attention_weights (bool, optional): also return
                 ``(edge_index, alpha)`` of the global attention: its graph's
-                edges (node ids of ``x``; messages ``edge_index[0] ->
-                edge_index[1]``) and ``alpha [|E_G|, H]``, each target's
-                softmax over the nodes of its graph, per head, before dropout
-                (what ``attn(x_g, x_g, x_g, average_attn_weights=False)``
-                returns for graph :math:`g`, as edges). On ``"fused"`` the
-                weights are recomputed from the saved log-sum-exp and carry no
-                gradient. (default: :obj:`False`)
+                edges (node ids of ``x``, then the virtual nodes; messages
+                ``edge_index[0] -> edge_index[1]``) and ``alpha [|E_G|, H]``,
+                each target's softmax over its neighbours, per head, before
+                dropout (for ``"multihead"`` what ``attn(x_g, x_g, x_g,
+                average_attn_weights=False)`` returns for graph :math:`g`, as
+                edges). On ``"fused"`` the weights are recomputed from the
+                saved log-sum-exp and carry no gradient. (default: :obj:`False`)
             **kwargs: further arguments of ``conv`` (``edge_attr``, ...).
         """
         check_x(x, self.channels)
-        graph = self._attn_graph(x, batch, attn_graph)  # checks batch before any work is done
+        # The graph and the bias are checked before any work is done.
+        graph = self._attn_graph(x, edge_index, batch, attn_graph)
+        bias = self._score_bias(x, graph, attn_bias, attn_edge_attr)
         hs = []
         if self.conv is not None:  # local message passing
             h = self.conv(x, edge_index, **kwargs)
@@ -240,7 +354,7 @@ class GPSConv(torch.nn.Module):
             hs.append(self._norm(self.norm1, h, batch))
 
         # Global attention, per graph.
-        h, alpha = self._attention(x, graph, backend, return_attention_weights)
+        h, alpha = self._attention(x, graph, bias, backend, return_attention_weights)
         h = stream_dropout(h, self.dropout, self.training)
         h = h + x
         hs.append(self._norm(self.norm2, h, batch))
@@ -258,12 +372,16 @@ class GPSConv(torch.nn.Module):
         x: Tensor,
         batch: Tensor | None = None,
         *,
+        edge_index: Adj | None = None,
         attn_graph: AttentionGraph | None = None,
+        attn_bias: Tensor | None = None,
+        attn_edge_attr: Tensor | None = None,
         backend: str | None = None,
     ) -> BackendChoice:
         """The backend the global attention of ``self(x, edge_index, batch,
-        attn_graph=attn_graph)`` takes, and why (``edge_index`` is the local ``conv``'s
-        and plays no part).
+        attn_graph=attn_graph, attn_bias=attn_bias, attn_edge_attr=attn_edge_attr)``
+        takes, and why (``edge_index`` plays a part only in an ``"exphormer"``
+        layer without ``attn_graph``, whose graph is built from it).
 
         Example:
             >>> conv = GPSConv(8, None, heads=2)
@@ -271,11 +389,13 @@ class GPSConv(torch.nn.Module):
             'sdpa'
         """
         check_x(x, self.channels)
-        graph = self._attn_graph(x, batch, attn_graph)
+        graph = self._attn_graph(x, edge_index, batch, attn_graph)
+        bias = self._score_bias(x, graph, attn_bias, attn_edge_attr)
         return backend_for(
             x.new_empty(0, self.heads, self.channels // self.heads),
             graph,
             backend=self.backend if backend is None else backend,
+            score_bias=bias is not None,
             dropout_p=self.attn.dropout if self.training else 0.0,
         )
 
@@ -285,39 +405,171 @@ class GPSConv(torch.nn.Module):
         return norm(h, batch=batch) if self.norm_with_batch else norm(h)
 
     def _attention(
-        self, x: Tensor, graph: AttentionGraph, backend: str | None, need_weights: bool
+        self,
+        x: Tensor,
+        graph: AttentionGraph,
+        score_bias: Tensor | None,
+        backend: str | None,
+        need_weights: bool,
     ) -> tuple[Tensor, Tensor | None]:
-        """``attn`` on every graph of ``graph`` (one complete block per graph), and its
-        weights ``[|E_G|, H]`` when ``need_weights``."""
+        """``attn`` over ``graph`` (one complete block per graph, or the Exphormer
+        graph with the virtual nodes' rows after ``x``), and its weights
+        ``[|E_G|, H]`` when ``need_weights``."""
         n, h, c = x.shape[0], self.heads, self.channels // self.heads
         attn = self.attn
-        # The packed projection, as MultiheadAttention makes it, on the real nodes only.
-        qkv = F.linear(x, attn.in_proj_weight, attn.in_proj_bias).view(n, 3, h, c)
-        q, k, v = qkv.unbind(1)  # (N, H, C) each
+        # The packed projection, as MultiheadAttention makes it, on the graph's nodes only.
+        qkv = F.linear(x, attn.in_proj_weight, attn.in_proj_bias)
+        q, k, v = qkv.view(n, 3, h, c).unbind(1)  # (N, H, C) each
+        # Only the views hold it now: joined with the virtual rows, the packed [N, 3D]
+        # tensor is freed before the kernels run (768 MB at a million nodes).
+        del qkv
+        if isinstance(graph, ComposedGraph) and graph.composition.num_virtual:
+            q, k, v = self._with_virtual(graph, q, k, v)  # (M, H, C), M = N + virtual
         res = attention(
             q,
             k,
             v,
             graph,
+            score_bias=score_bias,
             dropout_p=attn.dropout if self.training else 0.0,
             backend=self.backend if backend is None else backend,
             need_weights=need_weights,
         )
         out, alpha = (res.out, res.weights) if isinstance(res, AttentionOutput) else (res, None)
-        return attn.out_proj(out.reshape(n, self.channels)), alpha  # (N, D), (E_G, H)
+        # The virtual nodes' outputs are dropped: the layer returns the real nodes.
+        return attn.out_proj(out[:n].reshape(n, self.channels)), alpha  # (N, D), (E_G, H)
+
+    def _with_virtual(
+        self, graph: ComposedGraph, q: Tensor, k: Tensor, v: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``q``, ``k``, ``v`` of the real nodes followed by the virtual nodes' (the
+        projections of their rows of ``virtual_embedding``), ``[M, H, C]`` each.
+
+        Each is one ``cat`` of the two parts, which is also the contiguous copy
+        the fused kernels take. Projecting ``[x; virtual]`` instead would keep
+        that ``[M, D]`` concatenation for the backward and give strided views,
+        which the kernels' call copies again: at a million nodes 256 MB more
+        held and 256 MB more made.
+        """
+        assert self.virtual_embedding is not None  # checked with the graph
+        h, c = q.shape[1], q.shape[2]
+        virtual = self.virtual_embedding.index_select(0, graph.composition.virtual_index())
+        # (V, D): row t of the table for virtual node t of every graph, and its q, k, v.
+        attn = self.attn
+        vqkv = F.linear(virtual.to(q.dtype), attn.in_proj_weight, attn.in_proj_bias)
+        vq, vk, vv = vqkv.view(-1, 3, h, c).unbind(1)
+        return torch.cat([q, vq]), torch.cat([k, vk]), torch.cat([v, vv])
+
+    def _score_bias(
+        self,
+        x: Tensor,
+        graph: AttentionGraph,
+        attn_bias: Tensor | None,
+        attn_edge_attr: Tensor | None,
+    ) -> Tensor | None:
+        """The score bias of the global attention, ``[|E_G|, H]``: ``attn_bias`` plus
+        ``attn_edge(attn_edge_attr)``, each checked against the graph; or ``None``."""
+        bias = None
+        if attn_bias is not None:
+            bias = check_attn_bias(attn_bias, graph, self.heads, x.device)
+        if self.attn_edge is None:
+            if attn_edge_attr is not None:
+                raise ValueError(
+                    "Got 'attn_edge_attr' but the layer has attn_edge_dim=None; build it with "
+                    "GPSConv(..., attn_edge_dim=attn_edge_attr.shape[1])"
+                )
+            return bias
+        if attn_edge_attr is None:
+            raise ValueError(
+                f"Expected 'attn_edge_attr' of shape [{graph.num_edges}, {self.attn_edge_dim}] "
+                f"(the layer has attn_edge_dim={self.attn_edge_dim}), got None"
+            )
+        ea = check_tensor(attn_edge_attr, "attn_edge_attr")
+        if ea.dim() != 2 or ea.shape[1] != self.attn_edge_dim:
+            raise ValueError(
+                f"Expected 'attn_edge_attr' of shape [{graph.num_edges}, {self.attn_edge_dim}] "
+                f"(one row per edge of the attention graph), got {list(ea.shape)}"
+            )
+        if not ea.is_floating_point() or ea.device != x.device:
+            raise TypeError(
+                f"Expected 'attn_edge_attr' floating and on {x.device}, got {ea.dtype} on "
+                f"{ea.device}"
+            )
+        mapped = self.attn_edge(graph.select_edges(ea, "attn_edge_attr"))  # (E_G, H)
+        return mapped if bias is None else mapped + bias
 
     def _attn_graph(
-        self, x: Tensor, batch: Tensor | None, attn_graph: AttentionGraph | None
+        self,
+        x: Tensor,
+        edge_index: Adj | None,
+        batch: Tensor | None,
+        attn_graph: AttentionGraph | None,
     ) -> AttentionGraph:
-        """The global attention's graph: ``attn_graph`` checked, or made from ``batch``."""
+        """The global attention's graph: ``attn_graph`` checked, or made from ``batch``
+        (and, for ``"exphormer"``, ``edge_index``)."""
         if attn_graph is None:
+            if self.attn_type == "exphormer":
+                return self._exphormer_graph(x, edge_index, batch)
             return self._graph(x, batch)
         if not isinstance(attn_graph, AttentionGraph):
             raise TypeError(
                 f"Expected 'attn_graph' to be an AttentionGraph, got {type(attn_graph).__name__}"
             )
-        attn_graph.check_nodes(x.shape[0], x.shape[0], x.device)
+        n = x.shape[0]
+        if self.attn_type != "exphormer":
+            attn_graph.check_nodes(n, n, x.device)
+            return attn_graph
+        k = self.virtual_nodes
+        if isinstance(attn_graph, ComposedGraph):
+            comp = attn_graph.composition
+            if comp.num_virtual and comp.virtual_per_graph != k:
+                raise ValueError(
+                    f"Expected an 'attn_graph' with {k} virtual node(s) per graph (the layer's "
+                    f"virtual_nodes), got {comp.virtual_per_graph}"
+                )
+            if comp.num_real != n:
+                raise ValueError(
+                    f"Expected an 'attn_graph' of {n} real nodes (the rows of x), got "
+                    f"{comp.num_real}"
+                )
+            attn_graph.check_nodes(attn_graph.num_nodes, attn_graph.num_nodes, x.device)
+            return attn_graph
+        if k:
+            raise ValueError(
+                f"Expected an 'attn_graph' with the layer's {k} virtual node(s) per graph "
+                f"(made by exphormer_graph or with_virtual_nodes), got a plain AttentionGraph "
+                f"of {attn_graph.num_nodes} nodes for {n} rows of x"
+            )
+        attn_graph.check_nodes(n, n, x.device)
         return attn_graph
+
+    def _exphormer_graph(
+        self, x: Tensor, edge_index: Adj | None, batch: Tensor | None
+    ) -> AttentionGraph:
+        """:func:`~gnnattn.exphormer_graph` of the call's edges and batch."""
+        n = x.shape[0]
+        if edge_index is None:
+            raise ValueError(
+                "Expected 'edge_index' (the Exphormer graph is built from it) or 'attn_graph', "
+                "got neither"
+            )
+        if batch is not None:
+            batch = check_batch(batch, n, device=x.device)
+        ei = check_tensor(edge_index, "edge_index")
+        if ei.layout != torch.strided:
+            ei = AttentionGraph(ei, n).edge_index  # a torch.sparse adj_t: its edges
+        if ei.device != x.device:
+            raise ValueError(
+                f"Expected 'edge_index' on device {x.device} (the device of x), got {ei.device}"
+            )
+        return exphormer_graph(
+            ei,
+            n,
+            expander_degree=self.expander_degree,
+            virtual_nodes=self.virtual_nodes,
+            seed=self.seed,
+            batch=batch,
+        )
 
     def _graph(self, x: Tensor, batch: Tensor | None) -> AttentionGraph:
         """The complete graph of each graph of ``batch``, from one read of the lengths.

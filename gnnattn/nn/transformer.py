@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..checks import check_float, check_int, check_tensor
 from ..ops import BackendChoice, relu_dropout
+from .bias import check_attn_bias
 from .conv import SelfAttentionConv
 from .dropout import Dropout
 from .parts import AnyGraph, PartLike, graph_or_part
@@ -103,9 +104,16 @@ class GraphTransformerLayer(torch.nn.Module):
             (default: :obj:`False`)
         backend (str, optional): the attention backend. (default: ``"auto"``)
 
+    A call's ``attn_bias`` ``[|E|, H]`` (a shortest-path distance or a
+    structural encoding per pair, in the graph's ``edge_index`` order) is added
+    to the attention scores (`PyG#9511
+    <https://github.com/pyg-team/pytorch_geometric/issues/9511>`_); it runs on
+    the fused kernels.
+
     Shapes:
         - **input:** ``x`` ``[|V|, D]``, optional ``edge_index`` ``[2, |E|]``,
-          ``edge_attr`` ``[|E|, edge_dim]``, ``batch`` ``[|V|]``
+          ``edge_attr`` ``[|E|, edge_dim]``, ``batch`` ``[|V|]``,
+          ``attn_bias`` ``[|E|, H]``
         - **output:** ``[|V|, D]``; with ``return_attention_weights=True`` also
           ``(edge_index, alpha [|E|, H])``
 
@@ -181,6 +189,7 @@ class GraphTransformerLayer(torch.nn.Module):
         edge_attr: Tensor | None = None,
         *,
         batch: Tensor | None = None,
+        attn_bias: Tensor | None = None,
         return_attention_weights: bool = False,
         backend: str | None = None,
     ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -194,6 +203,9 @@ class GraphTransformerLayer(torch.nn.Module):
                 (default: :obj:`None`)
             batch (Tensor, optional): sequence id of every node, instead of
                 ``edge_index``. (default: :obj:`None`)
+            attn_bias (Tensor, optional): ``[|E|, H]`` added to the attention
+                scores, in the graph's ``edge_index`` order.
+                (default: :obj:`None`)
             return_attention_weights (bool, optional): also return
                 ``(edge_index, alpha)`` of the attention. (default: :obj:`False`)
             backend (str, optional): the attention's backend for this call
@@ -206,6 +218,7 @@ class GraphTransformerLayer(torch.nn.Module):
             edge_index,
             edge_attr,
             batch=batch,
+            attn_bias=attn_bias,
             return_attention_weights=return_attention_weights,
             backend=backend,
         )
@@ -230,11 +243,12 @@ class GraphTransformerLayer(torch.nn.Module):
         edge_attr: Tensor | None = None,
         *,
         batch: Tensor | None = None,
+        attn_bias: Tensor | None = None,
         backend: str | None = None,
     ) -> BackendChoice:
-        """The backend the attention of ``self(x, edge_index, edge_attr, batch=batch)`` takes,
-        and why (:meth:`SelfAttentionConv.backend_for <gnnattn.SelfAttentionConv.backend_for>`
-        of ``self_attn``).
+        """The backend the attention of ``self(x, edge_index, edge_attr, batch=batch,
+        attn_bias=attn_bias)`` takes, and why (:meth:`SelfAttentionConv.backend_for
+        <gnnattn.SelfAttentionConv.backend_for>` of ``self_attn``).
 
         Example:
             >>> from gnnattn.nn import GraphTransformerLayer
@@ -243,7 +257,9 @@ class GraphTransformerLayer(torch.nn.Module):
             'sdpa'
         """
         # The attention sees norm1(x) under norm_first: the same shape, dtype and device.
-        return self.self_attn.backend_for(x, edge_index, edge_attr, batch=batch, backend=backend)
+        return self.self_attn.backend_for(
+            x, edge_index, edge_attr, batch=batch, attn_bias=attn_bias, backend=backend
+        )
 
     def _ff(self, x: Tensor) -> Tensor:
         h = self.linear1(x)  # (N, ffn_dim)
@@ -416,6 +432,7 @@ class GraphTransformer(torch.nn.Module):
         edge_attr: Tensor | None = None,
         *,
         batch: Tensor | None = None,
+        attn_bias: Tensor | None = None,
         return_attention_weights: bool = False,
         backend: str | None = None,
     ) -> Tensor | tuple[Tensor, list[tuple[Tensor, Tensor]]]:
@@ -429,6 +446,9 @@ class GraphTransformer(torch.nn.Module):
                 block. (default: :obj:`None`)
             batch (Tensor, optional): sequence id of every node, instead of
                 ``edge_index``. (default: :obj:`None`)
+            attn_bias (Tensor, optional): ``[|E|, H]`` added to the scores of
+                every block, in the graph's ``edge_index`` order.
+                (default: :obj:`None`)
             return_attention_weights (bool, optional): also return one
                 ``(edge_index, alpha [|E|, H])`` per block. (default: :obj:`False`)
             backend (str, optional): every block's attention backend for this
@@ -436,12 +456,16 @@ class GraphTransformer(torch.nn.Module):
         """
         _self_attention_input(x)
         graph, edge_attr = self._inputs(x, edge_index, edge_attr, batch)
+        if attn_bias is not None:
+            # Aligned with the graph's edges once, for every block.
+            attn_bias = check_attn_bias(attn_bias, graph, self.num_heads, x.device)
         weights: list[tuple[Tensor, Tensor]] = []
         for layer in self.layers:
             res = layer(
                 x,
                 graph,
                 edge_attr,
+                attn_bias=attn_bias,
                 return_attention_weights=return_attention_weights,
                 backend=backend,
             )
@@ -463,6 +487,7 @@ class GraphTransformer(torch.nn.Module):
         edge_attr: Tensor | None = None,
         *,
         batch: Tensor | None = None,
+        attn_bias: Tensor | None = None,
         backend: str | None = None,
     ) -> list[BackendChoice]:
         """The backend each block's attention takes in ``self(x, edge_index, edge_attr,
@@ -476,8 +501,10 @@ class GraphTransformer(torch.nn.Module):
             ['sdpa', 'sdpa']
         """
         graph, edge_attr = self._inputs(x, edge_index, edge_attr, batch)
+        if attn_bias is not None:
+            attn_bias = check_attn_bias(attn_bias, graph, self.num_heads, x.device)
         return [
-            self._layer(i).backend_for(x, graph, edge_attr, backend=backend)
+            self._layer(i).backend_for(x, graph, edge_attr, attn_bias=attn_bias, backend=backend)
             for i in range(self.num_layers)
         ]
 

@@ -5,7 +5,8 @@
   from the backends' :data:`DECLARATIONS`;
 * the backends: :mod:`.mp` (PyG message passing, the reference),
   :mod:`.sdpa` (dense SDPA for structured graphs), :mod:`.fused` (the sparse
-  kernels of :mod:`gnnattn.kernels`);
+  kernels of :mod:`gnnattn.kernels`), :mod:`.tiles` (batched matrix products
+  on the tiles of the graph's block plan);
 * :func:`dropout`, :func:`relu_dropout` (:mod:`.activation_dropout`):
   activation dropout by the kernels' counter-based stream.
 

@@ -10,6 +10,10 @@ the call                                    ``backend="auto"`` takes
 complete / causal graph (or batched), or a  ``"sdpa"``: the dense fused kernel of
 window filling > 1/4 of the matrix; no      :func:`torch.nn.functional.scaled_dot_product_attention`
 edge score bias or edge features
+on the CPU, a graph of at least             ``"tiles"``: batched matrix products on the
+:data:`TILES_MIN_EDGES` edges whose block   tiles of the graph's block plan
+plan fills at least :data:`TILES_MIN_FILL`  (:mod:`gnnattn.ops.tiles`)
+of its tiles (estimated once per graph)
 a device with compiled kernels (numba on    ``"fused"``: the sparse kernel over the CSR
 the CPU, Triton on CUDA)                    (dropout and edge features included)
 anything else                               ``"mp"`` (message passing, the reference)
@@ -34,22 +38,37 @@ import torch
 
 from ..checks import check_choice
 from ..graphs import AttentionGraph
+from ..graphs.blocks import default_block, fill_estimate
 from ..kernels import COMPILED
 
 __all__ = [
     "BACKENDS",
     "DECLARATIONS",
+    "TILES_MIN_EDGES",
+    "TILES_MIN_FILL",
     "BackendChoice",
     "Declaration",
     "backend_for",
     "check_backend",
 ]
 
-BACKENDS = ("auto", "mp", "sdpa", "fused")
+BACKENDS = ("auto", "mp", "sdpa", "fused", "tiles")
 
 # Above this many edges the message-passing path's |E| x C tensors cost
 # gigabytes and seconds: "auto" says so when it has to take it.
 _WARN_EDGES = 1_000_000
+
+#: ``"auto"`` takes the tiles for a plan that fills at least this much of its tiles.
+#: Measured on the CPU (one thread, float32, banded graphs of 8192 nodes and the
+#: sliding window of 4096): against the fused CSR kernel the tiles take 2.4x
+#: the forward's time at fill 0.2, 1.1-1.4x at 0.32, 0.93-0.97x at 0.44 and 0.5x
+#: at 0.79 (head widths 32 and 64); forward+backward, 1.2x at 0.2, 0.6-1.2x at
+#: 0.32, 0.4-0.7x at 0.44 and 0.33x at 0.79.
+TILES_MIN_FILL = 0.4
+
+#: ... and has at least this many edges (below, a tile call's dozen torch
+#: operations cost more than the fused kernel's one pass).
+TILES_MIN_EDGES = 4096
 
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
@@ -82,6 +101,7 @@ DECLARATIONS: Mapping[str, Declaration] = MappingProxyType(
         "mp": Declaration(_ALL_OPTIONS, "any", None),
         "sdpa": Declaration(frozenset({"dropout"}), "structured", None),
         "fused": Declaration(_ALL_OPTIONS, "any", COMPILED),
+        "tiles": Declaration(_ALL_OPTIONS, "any", None),
     }
 )
 
@@ -188,6 +208,9 @@ def backend_for(
         s = None
     if s is not None and (s.kind in ("complete", "causal") or graph.density > 0.25):
         return BackendChoice("sdpa", f"{s.kind.replace('_', ' ')} graph: the dense SDPA kernel")
+    tiles = _tiles_pay(q, graph)
+    if tiles is not None:
+        return tiles
     devices = DECLARATIONS["fused"].devices
     why = _refusal("fused", graph, options, q.dtype)
     if devices is not None and q.device.type not in devices:
@@ -203,6 +226,35 @@ def backend_for(
     if graph.num_edges > _WARN_EDGES and not torch.compiler.is_compiling():
         _warn_once(graph, choice)
     return choice
+
+
+def _tiles_pay(q: torch.Tensor, graph: AttentionGraph) -> BackendChoice | None:
+    """The tiles, with the reason, where their fill pays; else ``None``.
+
+    On the CPU only: the tile kernels' speed against the CSR kernel was measured
+    there (on CUDA the Triton CSR kernel stays until a tile kernel is measured
+    against it). The fill is :func:`~gnnattn.graphs.blocks.fill_estimate`'s
+    (one pass over the edges, once per graph, kept by it); inside
+    ``torch.compile`` only an estimate made before is read.
+    """
+    if q.device.type != "cpu":
+        return None
+    block = default_block(q.device)
+    if torch.compiler.is_compiling():
+        # Only what an eager call made (reading the edges, or comparing their
+        # number, would guard a traced size: torch.export's dynamic edges).
+        plan = graph.peek(("tiles", block))
+        fill = plan.fill if plan is not None else graph.peek(("tiles fill", block))
+        e = graph.num_edges
+        if fill is None or (isinstance(e, int) and e < TILES_MIN_EDGES):
+            return None
+    elif graph.num_edges < TILES_MIN_EDGES:
+        return None
+    else:
+        fill = fill_estimate(graph, block)
+    if fill < TILES_MIN_FILL:
+        return None
+    return BackendChoice("tiles", f"tiles: fill {fill:.2f} over {block}-row windows")
 
 
 def _warn_once(graph: AttentionGraph, choice: BackendChoice) -> None:

@@ -11,9 +11,9 @@ over the incoming edges :math:`j \to i` of each target of an
 ``flex_attention(q, k, v, score_mod, block_mask)``, with the graph object in
 the block mask's place). :math:`b` is the optional score bias, :math:`e` the
 edge features' value term (``edge_attr``), :math:`m` the dropout factor. The
-backends are in :mod:`gnnattn.ops.mp` (the reference), :mod:`gnnattn.ops.sdpa`
-and :mod:`gnnattn.ops.fused`; :func:`gnnattn.backend_for` chooses among them
-from their declarations.
+backends are in :mod:`gnnattn.ops.mp` (the reference), :mod:`gnnattn.ops.sdpa`,
+:mod:`gnnattn.ops.fused` and :mod:`gnnattn.ops.tiles`; :func:`gnnattn.backend_for`
+chooses among them from their declarations.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from .choice import backend_for
 from .fused import fused_attention
 from .mp import mp_attention
 from .sdpa import sdpa_attention
+from .tiles import tiles_attention
 
 __all__ = ["AttentionOutput", "attention"]
 
@@ -170,7 +171,9 @@ def _sdpa(a: AttentionArgs) -> tuple[Tensor, Tensor | None, Tensor | None]:
 
 #: Each backend's entry point: one validated call in, ``(out, lse, weights)`` out.
 _BACKENDS: Mapping[str, Callable[[AttentionArgs], tuple[Tensor, Tensor | None, Tensor | None]]] = (
-    MappingProxyType({"mp": mp_attention, "sdpa": _sdpa, "fused": fused_attention})
+    MappingProxyType(
+        {"mp": mp_attention, "sdpa": _sdpa, "fused": fused_attention, "tiles": tiles_attention}
+    )
 )
 
 
@@ -207,8 +210,9 @@ def attention(
         dropout_p (float, optional): attention dropout (a counter-based
             mask keyed from torch's generator; ``"sdpa"`` uses SDPA's own).
             (default: ``0.0``)
-        backend (str, optional): ``"auto"``, ``"mp"``, ``"sdpa"`` or
-            ``"fused"``; see :func:`gnnattn.backend_for`. (default: ``"auto"``)
+        backend (str, optional): ``"auto"``, ``"mp"``, ``"sdpa"``,
+            ``"fused"`` or ``"tiles"``; see :func:`gnnattn.backend_for`.
+            (default: ``"auto"``)
         return_lse (bool, optional): also return the per-target log-sum-exp.
             (default: :obj:`False`)
         need_weights (bool, optional): also return the weights.
@@ -248,12 +252,14 @@ def attention(
         edge_attr=edge_attr is not None,
     )
     name = choice.backend
-    if name == "sdpa" and not _sdpa_safe(q, k, v, scale):
+    if name in ("sdpa", "tiles") and not _sdpa_safe(q, k, v, scale):
         # SDPA's CPU kernels turn a NaN query row into zeros, its dense product
         # spreads a NaN value to targets that have no edge from it, and its
         # matrix product's fused multiply-adds turn an overflowing score's
         # inf - inf into an infinity of either sign: each breaks the
-        # non-finite contract, which the fused kernels keep.
+        # non-finite contract, which the fused kernels keep. The tiles share a
+        # column among the rows of a window, so a NaN value would spread as in
+        # SDPA: such a call takes the fused kernel, asked for or not.
         if backend == "sdpa":
             raise ValueError(
                 "backend='sdpa' takes finite q, k and v only, whose scores cannot overflow "

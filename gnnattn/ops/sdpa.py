@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -118,28 +119,34 @@ def sdpa_plan(lengths: tuple[int, ...], device: torch.device) -> SDPAPlan:
         [(2, 10), (1, 3), (1, 1)]
     """
     order, runs = _groups(lengths)
-    lens = torch.tensor(lengths, dtype=torch.long)
-    blk = torch.tensor(order, dtype=torch.long)  # block ids, longest first
+    # numpy: a batch of molecules makes a new plan per step, and these are a
+    # dozen ops on arrays of a few thousand ints (a microsecond each in numpy,
+    # several in torch).
+    lens = np.asarray(lengths, dtype=np.int64)
+    blk = np.asarray(order, dtype=np.int64)  # block ids, longest first
     blen = lens[blk]
     tops = [lengths[order[i]] for i, _ in runs]
     counts = [j - i for i, j in runs]
     # Every position of every padded block at once: its block, its offset.
-    pad = torch.repeat_interleave(torch.tensor(tops), torch.tensor(counts))  # (B,)
-    first = torch.cumsum(pad, 0) - pad
-    bid = torch.repeat_interleave(torch.arange(len(order)), pad)  # (P,)
-    pos = torch.arange(int(pad.sum())) - first[bid]
+    pad = np.repeat(np.asarray(tops, dtype=np.int64), counts)  # (B,)
+    first = np.cumsum(pad) - pad
+    bid = np.repeat(np.arange(len(order)), pad)  # (P,)
+    pos = np.arange(int(pad.sum())) - first[bid]
     valid = pos < blen[bid]
     # Clamped to the block's last row: a real, finite row of the same block.
-    starts = torch.cumsum(lens, 0) - lens
-    rows = starts[blk][bid] + torch.minimum(pos, blen[bid] - 1)
-    take = torch.empty(len(rows) and int(lens.sum()), dtype=torch.long)
-    take[rows[valid]] = torch.arange(rows.numel())[valid]
+    starts = np.cumsum(lens) - lens
+    rows = starts[blk][bid] + np.minimum(pos, blen[bid] - 1)
+    take = np.empty(len(rows) and int(lens.sum()), dtype=np.int64)
+    take[rows[valid]] = np.arange(rows.size)[valid]
     buckets = []
-    sizes = [b * t for b, t in zip(counts, tops, strict=True)]
-    for (i, j), t, ok in zip(runs, tops, valid.split(sizes), strict=True):
+    ends = np.cumsum([b * t for b, t in zip(counts, tops, strict=True)], dtype=np.int64)
+    parts = np.split(valid, ends[:-1]) if runs else []
+    for (i, j), t, ok in zip(runs, tops, parts, strict=True):
         full = lengths[order[j - 1]] == t
-        buckets.append(SDPABucket(j - i, t, None if full else ok.view(j - i, t).to(device)))
-    return SDPAPlan(tuple(buckets), rows.to(device), take.to(device))
+        mask = None if full else torch.from_numpy(ok.reshape(j - i, t)).to(device)
+        buckets.append(SDPABucket(j - i, t, mask))
+    rows_t, take_t = torch.from_numpy(rows), torch.from_numpy(take)
+    return SDPAPlan(tuple(buckets), rows_t.to(device), take_t.to(device))
 
 
 def _bucket_mask(
@@ -178,9 +185,12 @@ def _bucketed(
     plan = graph.derived(("sdpa_plan", str(dev)), lambda: sdpa_plan(s.lengths, dev))
     h, c, cv = q.shape[1], q.shape[2], v.shape[2]
     sizes = [b.blocks * b.length for b in plan.buckets]
-    # split, not slices: its backward concatenates the buckets' gradients
-    # (a slice's backward would add a zero-filled [P, H, C] per bucket).
-    qs, ks, vs = (t[plan.rows].split(sizes) for t in (q, k, v))
+    # index_select, not t[rows]: its backward is an index_add, where advanced
+    # indexing's is an accumulating index_put (a sort on the CPU, the most
+    # costly op of a GPSConv step on a batch of molecules). split, not
+    # slices: its backward concatenates the buckets' gradients (a slice's
+    # backward would add a zero-filled [P, H, C] per bucket).
+    qs, ks, vs = (t.index_select(0, plan.rows).split(sizes) for t in (q, k, v))
     outs = []
     for bucket, qp, kp, vp in zip(plan.buckets, qs, ks, vs, strict=True):
         b, t = bucket.blocks, bucket.length
@@ -192,7 +202,7 @@ def _bucketed(
             qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
         )
         outs.append(ob.transpose(1, 2).reshape(b * t, h, cv))
-    return torch.cat(outs)[plan.take]  # (N, H, Cv)
+    return torch.cat(outs).index_select(0, plan.take)  # (N, H, Cv)
 
 
 def _gather_weights(

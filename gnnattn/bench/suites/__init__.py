@@ -26,6 +26,7 @@ from .reorder import reorder_cases
 from .scale import scale_rows
 from .softmax import softmax_cases
 from .sparse import sparse_cases
+from .tiles import tiles_cases
 from .train import train_rows
 
 __all__ = ["REGISTRY", "SUITES", "Suite", "default_suites"]
@@ -69,6 +70,12 @@ REGISTRY: tuple[Suite, ...] = (
         "pyg",
         "gnnattn's drop-in PyG layers vs PyG's, same weights: GPSConv on skewed graph sizes",
         pyg_cases,
+    ),
+    Suite(
+        "tiles",
+        "graphs with locality (windows, dilated, BigBird, batched, a reordered kNN graph) vs "
+        "compiled FlexAttention and the CSR kernel; a random graph where auto keeps CSR",
+        tiles_cases,
     ),
     Suite(
         "train",

@@ -1,5 +1,6 @@
 """The ``scale`` suite (``gnnattn bench --scale`` only): one ``SelfAttentionConv`` at
-N = 1M nodes, 32 in-edges each, embed 128, 4 heads; time and peak resident set.
+N = 1M nodes, 32 in-edges each, embed 128, 4 heads; time and peak resident set. And
+one GPS layer with Exphormer attention on a kNN graph of 1M 3-D points (issue 29).
 
 Each case runs in a fresh Python process, so that its peak resident set
 (``VmHWM``) is this case's alone: the imports, the graph, the inputs ``x``
@@ -12,6 +13,22 @@ at this size). The baseline is a CSR SpMM of the same graph with an
 ``[N, 128]`` matrix, timed in the same process after the layer (its memory is
 not in the peak). PyG's ``TransformerConv`` cannot run here: each of its
 ``|E| x D`` tensors would be 16 GB.
+
+The GPS case (:data:`GPS_SIZES`): ``GPSConv(64, GINEConv(MLP, edge_dim=3), heads=4,
+attn_type="exphormer")`` on the kNN graph of N random 3-D points (``k`` nearest,
+itself included; edge features the offsets ``pos_j - pos_i``, as a GraphGPS
+model would take a point cloud's), forward and backward in a fresh process: the
+kNN graph, the Exphormer graph (the kNN edges both ways, a 3-regular expander,
+one virtual node, self-loops) built once and passed as ``attn_graph``, the first
+call and the timed calls, and the peak resident set of all of it. ``k = 8`` (7
+neighbours and the point itself) is the light end of kNN point-cloud models
+(DGCNN takes 20). The peak is the local conv's: PyG's ``GINEConv`` holds four
+``|E| x D`` float32 tensors at once in its forward (``x_j``, ``lin(edge_attr)``,
+their sum and its ``relu``; 8.2 GB at N = 1M, k = 8), the note says how much.
+PyG's ``GPSConv(attn_type="multihead")`` attends to all :math:`N^2` pairs of
+the one graph: it is measured at :data:`PYG_PROBE` nodes in a process of its
+own and its time extrapolated (:func:`multihead_status`; on the CPU its memory
+grows as :math:`N`, its time as :math:`N^2`).
 """
 
 from __future__ import annotations
@@ -27,7 +44,7 @@ from typing import Any
 
 from ..harness import BenchConfig, row
 
-__all__ = ["SIZES", "scale_rows"]
+__all__ = ["GPS_SIZES", "PYG_PROBE", "SIZES", "gps_rows", "multihead_status", "scale_rows"]
 
 # (nodes, in-degree, embed, heads, timed repetitions)
 SIZES: Mapping[str, tuple[int, int, int, int, int]] = MappingProxyType(
@@ -46,6 +63,17 @@ _INPUTS = MappingProxyType(
     }
 )
 TCONV_EDGE_DIM = 16
+# Issue 29's GPS layer: (nodes, kNN k, embed, heads, timed repetitions).
+GPS_SIZES: Mapping[str, tuple[int, int, int, int, int]] = MappingProxyType(
+    {
+        "full": (1_000_000, 8, 64, 4, 2),
+        "quick": (20_000, 8, 32, 4, 1),  # only for tests of the machinery
+    }
+)
+_GPS = "GPSConv(GINEConv, attn_type='exphormer') forward + backward"
+_GPS_PYG = "PyG GPSConv(attn_type='multihead')"
+# The N at which PyG's multihead GPSConv is measured (its time extrapolated as N^2).
+PYG_PROBE: Mapping[str, int] = MappingProxyType({"full": 32_000, "quick": 2_000})
 _SPMM = "CSR SpMM: torch.sparse.mm(A, X [N, embed])"
 _FWD = "SelfAttentionConv forward (no grad)"
 _FWDBWD = "SelfAttentionConv forward + backward"
@@ -96,7 +124,73 @@ def scale_rows(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> li
                     f"{out['graph_s']:.1f} s"
                 )
             rows += [spmm, mine, row("scale", case, mode, _CONV, _SPMM, status=conv)]
-    return rows
+    return rows + gps_rows(cfg, log)
+
+
+def _run_worker(args: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+    """``_worker(args)`` in a fresh Python process: its result, or ``None`` and the error."""
+    cmd = [sys.executable, "-m", "gnnattn.bench.suites.scale", json.dumps(args)]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+        out = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else None
+        err = res.stderr.strip().splitlines()[-1:] if res.returncode else []
+    except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as exc:
+        out, err = None, [f"{type(exc).__name__}"]
+    return out, err
+
+
+def multihead_status(res: dict[str, Any] | None, n: int, err: list[str]) -> str:
+    """The status of PyG's ``GPSConv(attn_type="multihead")`` at ``n`` nodes, from its
+    forward + backward measured at ``res["nodes"]`` (its time grows as ``N^2``, its
+    memory, on the CPU, as ``N``: SDPA's flash kernel takes the padding mask without an
+    ``N x N`` tensor)."""
+    if res is None:
+        return f"error: {err[0][:160] if err else 'no result'}"
+    m, s, per_node = res["nodes"], res["s"], res["delta_peak"] / res["nodes"]
+    hours = s * (n / m) ** 2 / 3600
+    return (
+        f"not run (time): {s:.1f} s forward + backward at N={m:,} (conv=None), O(N^2): "
+        f"about {hours:.1f} h at N={n:,}; memory O(N) here, {per_node / 1e3:.1f} kB per "
+        f"node (24 GB at N={int(24e9 / per_node):,})"
+    )
+
+
+def gps_rows(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Issue 29's case: one GPS layer with Exphormer attention on a kNN graph, in its own
+    process; and where PyG's multihead GPSConv stops fitting."""
+    n, k, d, h, reps = GPS_SIZES["quick" if cfg.quick else "full"]
+    case = f"GPS layer, kNN graph of N={n:,} 3-D points (k={k}), embed {d}, {h} heads"
+    if log is not None:
+        log(f"running [scale] {case} (in a new process)")
+    args = {
+        "input": "gps_exphormer",
+        "nodes": n,
+        "k": k,
+        "embed": d,
+        "heads": h,
+        "reps": reps,
+        "threads": cfg.threads,
+        "seed": cfg.seed,
+    }
+    out, err = _run_worker(args)
+    probe = {**args, "input": "pyg_multihead", "nodes": PYG_PROBE["quick" if cfg.quick else "full"]}
+    pyg_res, pyg_err = _run_worker(probe)
+    pyg = row("scale", case, "fwdbwd", _GPS_PYG, _GPS, status=multihead_status(pyg_res, n, pyg_err))
+    if out is None:
+        status = f"error: {err[0][:160] if err else 'no result'}"
+        return [row("scale", case, "fwdbwd", _GPS, _GPS, status=status), pyg]
+    mine = _timed_row(case, "fwdbwd", _GPS, out["fwdbwd_ms"])
+    mine.update(baseline=_GPS, peak_rss=out["peak_rss"])
+    # What PyG's GINEConv holds at once: x_j, lin(edge_attr), their sum, its relu.
+    gine = 4 * out["knn_edges"] * d * 4
+    mine["note"] = (
+        f"|E| kNN {out['knn_edges']:,}, attention graph {out['attn_edges']:,} edges; "
+        f"kNN {out['knn_s']:.1f} s, Exphormer graph {out['graph_s']:.1f} s, first call "
+        f"{out['first_s']:.1f} s; {out['rss_inputs'] / 1e9:.2f} GB resident before it, "
+        f"PyG GINEConv's messages {gine / 1e9:.1f} GB at its peak; load average "
+        f"{out['loadavg'][0]:.1f}"
+    )
+    return [mine, pyg]
 
 
 def _names(kind: str) -> dict[str, str]:
@@ -142,6 +236,10 @@ def _worker(args: dict[str, Any]) -> dict[str, Any]:
     from ...graphs import AttentionGraph
 
     torch.set_num_threads(args["threads"])
+    if args["input"] == "gps_exphormer":
+        return _gps_worker(args)
+    if args["input"] == "pyg_multihead":
+        return _pyg_worker(args)
     n, deg, d, reps = args["nodes"], args["deg"], args["embed"], args["reps"]
     gen = torch.Generator().manual_seed(args["seed"] + 9)
     e = n * deg
@@ -225,6 +323,76 @@ def _layer_part(args: dict[str, Any], graph: Any, gen: Any) -> dict[str, Any]:
         "peak_rss": _status()["VmHWM"],
         "rss_inputs": rss_inputs,
     }
+
+
+def _gps_worker(args: dict[str, Any]) -> dict[str, Any]:
+    """Issue 29's GPS layer: the kNN graph, the Exphormer graph, forward + backward."""
+    import torch
+    from torch_geometric.nn import GINEConv
+
+    from ...graphs import exphormer_graph
+    from ...nn import GPSConv
+    from .common import knn_graph, random_points
+
+    n, k, d, h, reps = args["nodes"], args["k"], args["embed"], args["heads"], args["reps"]
+    gen = torch.Generator().manual_seed(args["seed"] + 29)
+    t0 = time.perf_counter()
+    pos = random_points(n, gen)
+    ei = knn_graph(pos, k)  # (2, n k), itself included
+    edge_attr = (pos[ei[0]] - pos[ei[1]]).float()  # (n k, 3) offsets
+    del pos
+    knn_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    graph = exphormer_graph(ei, n, expander_degree=3, virtual_nodes=1, seed=args["seed"])
+    graph_s = time.perf_counter() - t0
+    torch.manual_seed(args["seed"])
+    mlp = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, d))
+    layer = GPSConv(d, GINEConv(mlp, edge_dim=3), heads=h, attn_type="exphormer")
+    x = torch.randn(n, d, generator=gen).requires_grad_()
+    g = torch.randn(n, d, generator=gen)
+    rss_inputs = _status()["VmRSS"]
+
+    def fwdbwd() -> None:
+        x.grad = None
+        for p in layer.parameters():
+            p.grad = None
+        layer(x, ei, attn_graph=graph, edge_attr=edge_attr).backward(g)
+
+    t0 = time.perf_counter()
+    fwdbwd()
+    first_s = time.perf_counter() - t0
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fwdbwd()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {
+        "fwdbwd_ms": times,
+        "first_s": first_s,
+        "knn_s": knn_s,
+        "graph_s": graph_s,
+        "knn_edges": int(ei.shape[1]),
+        "attn_edges": int(graph.num_edges),
+        "rss_inputs": rss_inputs,
+        "peak_rss": _status()["VmHWM"],
+        "loadavg": list(os.getloadavg()),
+    }
+
+
+def _pyg_worker(args: dict[str, Any]) -> dict[str, Any]:
+    """PyG's ``GPSConv(attn_type="multihead")`` (no local conv: the part that grows as
+    ``N^2``) on one graph of ``nodes`` nodes: forward + backward time, peak growth."""
+    import torch
+    from torch_geometric.nn import GPSConv as PyGGPSConv
+
+    n, d, h = args["nodes"], args["embed"], args["heads"]
+    torch.manual_seed(args["seed"])
+    layer = PyGGPSConv(d, None, heads=h)
+    x = torch.randn(n, d).requires_grad_()
+    before = _status()["VmRSS"]
+    t0 = time.perf_counter()
+    layer(x, torch.zeros(2, 0, dtype=torch.long)).sum().backward()
+    return {"nodes": n, "s": time.perf_counter() - t0, "delta_peak": _status()["VmHWM"] - before}
 
 
 if __name__ == "__main__":  # pragma: no cover - run by scale_rows in a new process
