@@ -31,6 +31,7 @@ from .graphs import (
     with_virtual_nodes,
 )
 from .nn import (
+    GINEConv,
     GPSConv,
     GraphPositionalEncoding,
     GraphTransformer,
@@ -57,6 +58,7 @@ __all__ = [
     "ComposedGraph",
     "GraphComposition",
     "Structure",
+    "GINEConv",
     "GPSConv",
     "GraphPositionalEncoding",
     "GraphTransformer",

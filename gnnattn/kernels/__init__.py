@@ -46,7 +46,7 @@ import torch
 
 from . import reference
 
-__all__ = ["COMPILED", "get", "library", "reference"]
+__all__ = ["COMPILED", "edge_sum", "get", "library", "reference"]
 
 #: The compiled kernel module of each device type, and the package it needs.
 _MODULES = MappingProxyType({"cpu": ("cpu", "numba"), "cuda": ("triton_ops", "triton")})
@@ -71,4 +71,4 @@ def get(device: torch.device) -> ModuleType:
 
 
 # Registers the operators (torch.ops.gnnattn.*); imports no kernel module.
-from . import library  # noqa: E402
+from . import edge_sum, library  # noqa: E402

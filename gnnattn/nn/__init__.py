@@ -2,6 +2,7 @@
 
 from .conv import SelfAttentionConv
 from .dropout import Dropout
+from .gine_conv import GINEConv
 from .gps import GPSConv
 from .positional import (
     GraphPositionalEncoding,
@@ -15,6 +16,7 @@ from .transformer_conv import TransformerConv
 
 __all__ = [
     "Dropout",
+    "GINEConv",
     "GPSConv",
     "GraphPositionalEncoding",
     "GraphTransformer",
