@@ -55,6 +55,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "opt_graph": (1 << 19, 32, 8, 64),  # N, degree, heads, head dim
         "big_softmax": True,
         "compile_graph": (50_000, 16),  # the train suite's kNN graph: nodes, neighbours
+        "gps": (1_000_000, 8, 64, 4),  # issue 29's GPS layer: nodes, kNN k, embed, heads
         "reps": 10,
     },
     "dry": {
@@ -69,6 +70,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "opt_graph": (16, 6, 2, 16),
         "big_softmax": False,
         "compile_graph": (300, 8),
+        "gps": (300, 8, 16, 2),
         "reps": 1,
     },
 }
@@ -748,6 +750,39 @@ def section_compile(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, 
     return res
 
 
+def section_gps(dry: bool, device: str, sizes: dict[str, Any]) -> dict[str, Any]:
+    """Issue 29's GPS layer (``gnnattn bench --scale``'s, GINEConv local conv, Exphormer
+    attention) on the kNN graph of 1M points: forward + backward time and peak memory."""
+    import torch
+
+    from gnnattn.bench.suites.scale import gps_case
+
+    n, k, d, h = sizes["gps"]
+    case = gps_case(n, k, d, h, seed=0, device=device)
+    layer, x, g = case["layer"], case["x"], case["grad"]
+    ei, edge_attr, graph = case["edge_index"], case["edge_attr"], case["graph"]
+
+    def fwdbwd() -> None:
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        layer(x, ei, attn_graph=graph, edge_attr=edge_attr).backward(g)
+
+    timer = Timer(device, max(1, min(3, sizes["reps"])))
+    seconds = timer(fwdbwd)
+    peak = _peak(device, fwdbwd)
+    return {
+        "nodes": n,
+        "knn_edges": int(ei.shape[1]),
+        "attn_edges": int(graph.num_edges),
+        "fwdbwd_s": seconds,
+        "peak_bytes_above_inputs": peak,
+        "max_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
+        "knn_s": case["knn_s"],
+        "graph_s": case["graph_s"],
+        "note": "times mean nothing in a dry run" if dry else "",
+    }
+
+
 SECTIONS = (
     "tests",
     "softmax",
@@ -757,6 +792,7 @@ SECTIONS = (
     "correctness",
     "registers",
     "compile",
+    "gps",
 )
 
 

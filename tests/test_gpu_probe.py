@@ -19,6 +19,7 @@ SECTIONS = (
     "correctness",
     "registers",
     "compile",
+    "gps",
 )
 
 
@@ -70,5 +71,7 @@ def test_gpu_probe_dry_run_writes_every_section(tmp_path):
     assert attention["fraction_of_copy"]["csr_fwd_best"] > 0
     tiles = json.loads((tmp_path / "tiles.json").read_text())
     assert tiles["cases"] and all("error" not in c for c in tiles["cases"]), tiles
+    gps = json.loads((tmp_path / "gps.json").read_text())
+    assert gps["fwdbwd_s"] > 0 and gps["attn_edges"] > gps["knn_edges"] > 0, gps
     window = [c for c in tiles["cases"] if c["case"].startswith("sliding window")]
     assert {c["mode"] for c in window} == {"fwd", "fwdbwd"}

@@ -45,7 +45,15 @@ from typing import Any
 
 from ..harness import BenchConfig, row
 
-__all__ = ["GPS_SIZES", "PYG_PROBE", "SIZES", "gps_rows", "multihead_status", "scale_rows"]
+__all__ = [
+    "GPS_SIZES",
+    "PYG_PROBE",
+    "SIZES",
+    "gps_case",
+    "gps_rows",
+    "multihead_status",
+    "scale_rows",
+]
 
 # (nodes, in-degree, embed, heads, timed repetitions)
 SIZES: Mapping[str, tuple[int, int, int, int, int]] = MappingProxyType(
@@ -327,16 +335,18 @@ def _layer_part(args: dict[str, Any], graph: Any, gen: Any) -> dict[str, Any]:
     }
 
 
-def _gps_worker(args: dict[str, Any]) -> dict[str, Any]:
-    """Issue 29's GPS layer: the kNN graph, the Exphormer graph, forward + backward."""
+def gps_case(n: int, k: int, d: int, h: int, seed: int, device: str = "cpu") -> dict[str, Any]:
+    """Issue 29's GPS layer and its inputs on ``device``: ``layer``, ``x``, ``grad`` (the
+    upstream gradient), ``edge_index``, ``edge_attr``, ``graph`` (the Exphormer graph),
+    and the seconds the kNN graph and the Exphormer graph took (``knn_s``,
+    ``graph_s``, both built on the CPU)."""
     import torch
 
     from ...graphs import exphormer_graph
     from ...nn import GINEConv, GPSConv
     from .common import knn_graph, random_points
 
-    n, k, d, h, reps = args["nodes"], args["k"], args["embed"], args["heads"], args["reps"]
-    gen = torch.Generator().manual_seed(args["seed"] + 29)
+    gen = torch.Generator().manual_seed(seed + 29)
     t0 = time.perf_counter()
     pos = random_points(n, gen)
     ei = knn_graph(pos, k)  # (2, n k), itself included
@@ -344,13 +354,34 @@ def _gps_worker(args: dict[str, Any]) -> dict[str, Any]:
     del pos
     knn_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    graph = exphormer_graph(ei, n, expander_degree=3, virtual_nodes=1, seed=args["seed"])
+    graph = exphormer_graph(ei, n, expander_degree=3, virtual_nodes=1, seed=seed)
     graph_s = time.perf_counter() - t0
-    torch.manual_seed(args["seed"])
+    torch.manual_seed(seed)
     mlp = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, d))
     layer = GPSConv(d, GINEConv(mlp, edge_dim=3), heads=h, attn_type="exphormer")
-    x = torch.randn(n, d, generator=gen).requires_grad_()
-    g = torch.randn(n, d, generator=gen)
+    x = torch.randn(n, d, generator=gen)
+    grad = torch.randn(n, d, generator=gen)
+    return {
+        "layer": layer.to(device),
+        "x": x.to(device).requires_grad_(),
+        "grad": grad.to(device),
+        "edge_index": ei.to(device),
+        "edge_attr": edge_attr.to(device),
+        "graph": graph.to(device) if device != "cpu" else graph,
+        "knn_s": knn_s,
+        "graph_s": graph_s,
+    }
+
+
+def _gps_worker(args: dict[str, Any]) -> dict[str, Any]:
+    """Issue 29's GPS layer: the kNN graph, the Exphormer graph, forward + backward."""
+    n, k, d, h, reps = args["nodes"], args["k"], args["embed"], args["heads"], args["reps"]
+    case = gps_case(n, k, d, h, args["seed"])
+    layer, x, g, ei, edge_attr, graph = (
+        case[key] for key in ("layer", "x", "grad", "edge_index", "edge_attr", "graph")
+    )
+    knn_s, graph_s = case["knn_s"], case["graph_s"]
+    del case
     rss_inputs = _status()["VmRSS"]
 
     def fwdbwd() -> None:
