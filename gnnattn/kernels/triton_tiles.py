@@ -45,6 +45,49 @@ __all__ = ["tile_attention_triton"]
 _NO_SPECIALISE = ("N", "M", "R", "K")
 
 
+@triton.jit
+def _scores(
+    q,
+    k_ptr,
+    cols_ptr,
+    mask_ptr,
+    bias_ptr,
+    w,
+    h,
+    n,
+    r,
+    rmask,
+    c,
+    k0,
+    M,
+    R,
+    K,
+    C: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """The scores of window ``w``, head ``h`` against its columns ``k0 .. k0 + BLOCK_K``:
+    ``(s, empty, kt, cols, kmask, slot, smask)``, where ``empty`` marks the slots
+    that hold no edge (padding, or a partial tile's masked pairs) and ``slot`` is
+    each score's index in the window's ``[R, K]`` slot tile."""
+    kk = k0 + tl.arange(0, BLOCK_K)
+    kmask = kk < K
+    cols = tl.load(cols_ptr + w * K + kk, mask=kmask, other=0)
+    km = (c[:, None] < C) & kmask[None, :]
+    kt = tl.load(k_ptr + (h * M + cols)[None, :] * C + c[:, None], mask=km, other=0.0)
+    s = tl.dot(q, kt, out_dtype=ACC)  # (BLOCK_R, BLOCK_K)
+    smask = rmask[:, None] & kmask[None, :]
+    slot = (w * R + r)[:, None] * K + kk[None, :]
+    if HAS_BIAS:
+        s += tl.load(bias_ptr + h * n * R * K + slot, mask=smask, other=0.0).to(ACC)
+    empty = ~smask
+    if HAS_MASK:
+        empty = empty | (tl.load(mask_ptr + slot, mask=smask, other=1) != 0)
+    return s, empty, kt, cols, kmask, slot, smask
+
+
 @triton.jit(do_not_specialize=_NO_SPECIALISE)
 def _tile_fwd(
     q_ptr,
@@ -89,19 +132,28 @@ def _tile_fwd(
     l_i = tl.zeros([BLOCK_R], ACC)
     acc = tl.zeros([BLOCK_R, BLOCK_CV], ACC)
     for k0 in range(0, K, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        kmask = kk < K
-        cols = tl.load(cols_ptr + w * K + kk, mask=kmask, other=0)
-        km = (c[:, None] < C) & kmask[None, :]
-        kt = tl.load(k_ptr + (h * M + cols)[None, :] * C + c[:, None], mask=km, other=0.0)
-        s = tl.dot(q, kt, out_dtype=ACC)  # (BLOCK_R, BLOCK_K)
-        smask = rmask[:, None] & kmask[None, :]
-        slot = (w * R + r)[:, None] * K + kk[None, :]
-        if HAS_BIAS:
-            s += tl.load(bias_ptr + h * n * R * K + slot, mask=smask, other=0.0).to(ACC)
-        empty = ~smask
-        if HAS_MASK:
-            empty = empty | (tl.load(mask_ptr + slot, mask=smask, other=1) != 0)
+        s, empty, kt, cols, kmask, slot, smask = _scores(
+            q,
+            k_ptr,
+            cols_ptr,
+            mask_ptr,
+            bias_ptr,
+            w,
+            h,
+            n,
+            r,
+            rmask,
+            c,
+            k0,
+            M,
+            R,
+            K,
+            C,
+            ACC,
+            BLOCK_K,
+            HAS_MASK,
+            HAS_BIAS,
+        )
         s = tl.where(empty, float("-inf"), s)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row without an edge so far keeps max -inf: shifted by 0, exp(-inf) = 0.
@@ -182,21 +234,30 @@ def _tile_bwd(
     d = tl.load(d_ptr + h * N + rows, mask=live, other=0.0).to(ACC)
     dq = tl.zeros([BLOCK_R, BLOCK_C], ACC)
     for k0 in range(0, K, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        kmask = kk < K
-        cols = tl.load(cols_ptr + w * K + kk, mask=kmask, other=0)
-        km = (c[:, None] < C) & kmask[None, :]
-        kt = tl.load(k_ptr + (h * M + cols)[None, :] * C + c[:, None], mask=km, other=0.0)
+        s, empty, kt, cols, kmask, slot, smask = _scores(
+            q,
+            k_ptr,
+            cols_ptr,
+            mask_ptr,
+            bias_ptr,
+            w,
+            h,
+            n,
+            r,
+            rmask,
+            c,
+            k0,
+            M,
+            R,
+            K,
+            C,
+            ACC,
+            BLOCK_K,
+            HAS_MASK,
+            HAS_BIAS,
+        )
         vm = kmask[:, None] & (cv[None, :] < CV)
         vb = tl.load(v_ptr + (h * M + cols)[:, None] * CV + cv[None, :], mask=vm, other=0.0)
-        s = tl.dot(q, kt, out_dtype=ACC)
-        smask = rmask[:, None] & kmask[None, :]
-        slot = (w * R + r)[:, None] * K + kk[None, :]
-        if HAS_BIAS:
-            s += tl.load(bias_ptr + h * n * R * K + slot, mask=smask, other=0.0).to(ACC)
-        empty = ~smask
-        if HAS_MASK:
-            empty = empty | (tl.load(mask_ptr + slot, mask=smask, other=1) != 0)
         p = tl.where(empty, 0.0, tl.exp(s - lse[:, None]))  # (BLOCK_R, BLOCK_K)
         dp = tl.dot(do, tl.trans(vb), out_dtype=ACC)
         pf = p
@@ -208,7 +269,7 @@ def _tile_bwd(
         if STORE_DS:
             tl.store(ds_ptr + h * n * R * K + slot, ds.to(ds_ptr.dtype.element_ty), mask=smask)
         dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), out_dtype=ACC)
-        kbase = h * n * K + w * K + kk
+        kbase = h * n * K + w * K + k0 + tl.arange(0, BLOCK_K)
         dkb = tl.dot(tl.trans(ds).to(q.dtype), q, out_dtype=ACC)  # (BLOCK_K, BLOCK_C)
         dkm = kmask[:, None] & (c[None, :] < C)
         dk_at = dk_ptr + kbase[:, None] * C + c[None, :]
@@ -283,12 +344,28 @@ def _forward(
             mask = ch.masked.view(torch.uint8) if ch.masked is not None else None
             bs, fs = _slot_tile(bt, ch, 0.0), _slot_tile(ft, ch, 0.0)
             _tile_fwd[(w, h)](
-                qt, kt, vt, ch.rows, ch.cols, _or_empty(mask, ch.rows), _or_empty(bs, qt),
-                _or_empty(fs, qt), out, lse,
-                n, m, r, kc, C=c, CV=cv, ACC=_acc(q.dtype),
-                HAS_MASK=mask is not None, HAS_BIAS=bs is not None, HAS_FAC=fs is not None,
+                qt,
+                kt,
+                vt,
+                ch.rows,
+                ch.cols,
+                _or_empty(mask, ch.rows),
+                _or_empty(bs, qt),
+                _or_empty(fs, qt),
+                out,
+                lse,
+                n,
+                m,
+                r,
+                kc,
+                C=c,
+                CV=cv,
+                ACC=_acc(q.dtype),
+                HAS_MASK=mask is not None,
+                HAS_BIAS=bs is not None,
+                HAS_FAC=fs is not None,
                 **_blocks(r, kc, c, cv, block_k),
-            )  # fmt: skip
+            )
         outs.append(out)
         lses.append(lse)
     # Targets of windows without edges take the row past the chunks' rows.
@@ -332,12 +409,35 @@ def _backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Tens
             mask = ch.masked.view(torch.uint8) if ch.masked is not None else None
             bs, fs = _slot_tile(bt, ch, 0.0), _slot_tile(ft, ch, 0.0)
             _tile_bwd[(w, h)](
-                qt, kt, vt, ch.rows, ch.out_rows, ch.cols, _or_empty(mask, ch.rows),
-                _or_empty(bs, qt), _or_empty(fs, qt), got, lse_t, dt, dq, dk, dv, _or_empty(ds, dq),
-                n, m, r, kc, C=c, CV=cv, ACC=_acc(q.dtype),
-                HAS_MASK=mask is not None, HAS_BIAS=bs is not None, HAS_FAC=fs is not None,
-                STORE_DS=ds is not None, **_blocks(r, kc, c, cv, ctx.block_k),
-            )  # fmt: skip
+                qt,
+                kt,
+                vt,
+                ch.rows,
+                ch.out_rows,
+                ch.cols,
+                _or_empty(mask, ch.rows),
+                _or_empty(bs, qt),
+                _or_empty(fs, qt),
+                got,
+                lse_t,
+                dt,
+                dq,
+                dk,
+                dv,
+                _or_empty(ds, dq),
+                n,
+                m,
+                r,
+                kc,
+                C=c,
+                CV=cv,
+                ACC=_acc(q.dtype),
+                HAS_MASK=mask is not None,
+                HAS_BIAS=bs is not None,
+                HAS_FAC=fs is not None,
+                STORE_DS=ds is not None,
+                **_blocks(r, kc, c, cv, ctx.block_k),
+            )
             cols = ch.cols.view(-1)
             for i in range(h):  # along dim 0 of contiguous rows: the fast index_add
                 dk_t[i].index_add_(0, cols, dk[i])
