@@ -33,6 +33,16 @@ def _pair(edge_dim: int | None, d: int = 5, train_eps: bool = False, dtype=torch
     return ours, theirs
 
 
+def _chunked_only(layer: GINEConv) -> GINEConv:
+    """``layer`` with PyG's propagate made to fail: a call that passes took the chunked sum."""
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the call took PyG's propagate, not the chunked sum")
+
+    layer.propagate = fail  # type: ignore[method-assign]
+    return layer
+
+
 def _graph(n: int, e: int, *, isolated: int = 0, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     # The last `isolated` nodes get no in-edges.
@@ -78,6 +88,7 @@ def _assert_same(a, b, tol: float) -> None:
 )
 def test_matches_pyg_float64(small_chunks, edge_dim, n, e, isolated) -> None:
     ours, theirs = _pair(edge_dim, train_eps=True)
+    _chunked_only(ours)
     edge_index = _graph(n, e, isolated=isolated)
     x = torch.randn(n, 5, dtype=torch.float64)
     edge_attr = torch.randn(e, edge_dim or 5, dtype=torch.float64)
@@ -90,6 +101,7 @@ def test_matches_pyg_float32_logits_scaled(small_chunks) -> None:
     # Features of size 1e3: the ReLU's active set is the same, the sums agree
     # to float32's relative rounding of a few additions.
     ours, theirs = _pair(3, dtype=torch.float32)
+    _chunked_only(ours)
     edge_index = _graph(17, 60)
     x = 1e3 * torch.randn(17, 5)
     edge_attr = torch.randn(60, 3)
@@ -98,24 +110,63 @@ def test_matches_pyg_float32_logits_scaled(small_chunks) -> None:
     )
 
 
-def test_bipartite_size_and_int32(small_chunks) -> None:
+def test_bipartite_and_int32(small_chunks) -> None:
     ours, theirs = _pair(2)
+    _chunked_only(ours)
     g = torch.Generator().manual_seed(3)
     edge_index = torch.stack(
         [torch.randint(0, 9, (31,), generator=g), torch.randint(0, 4, (31,), generator=g)]
     )
     x = (torch.randn(9, 5, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64))
     edge_attr = torch.randn(31, 2, dtype=torch.float64)
+    # int32 ids against PyG's int64 (PyG's own backward is wrong with int32 ids on
+    # torch 2.13: its scatter's gather with an expanded int32 index).
     _assert_same(
         _grads(ours, x, edge_index.int(), edge_attr),
         _grads(theirs, x, edge_index, edge_attr),
         1e-10,
     )
-    # No target features: the sum alone, over size[1] targets.
-    a = ours((x[0], None), edge_index, edge_attr, size=(9, 6))
-    b = theirs((x[0], None), edge_index, edge_attr, size=(9, 6))
-    assert a.shape == (6, 3)
-    torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    # No target features: the sum alone, one row per source (PyG's size rule).
+    torch.testing.assert_close(
+        ours((x[0], None), edge_index, edge_attr),
+        theirs((x[0], None), edge_index, edge_attr),
+        rtol=1e-10,
+        atol=1e-10,
+    )
+
+
+def test_double_backward_matches_pyg(small_chunks) -> None:
+    # A gradient penalty: the gradient of x's gradient reaches the parameters.
+    ours, theirs = _pair(3)
+    _chunked_only(ours)
+    edge_index = _graph(12, 40)
+    x = torch.randn(12, 5, dtype=torch.float64)
+    edge_attr = torch.randn(40, 3, dtype=torch.float64)
+
+    def penalty_grads(layer):
+        xx = x.clone().requires_grad_()
+        (gx,) = torch.autograd.grad(layer(xx, edge_index, edge_attr).sum(), xx, create_graph=True)
+        return torch.autograd.grad(gx.square().sum(), list(layer.parameters()), allow_unused=True)
+
+    for a, b in zip(penalty_grads(ours), penalty_grads(theirs), strict=True):
+        if b is None:
+            assert a is None or not a.abs().any()
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_export_with_dynamic_sizes_and_jit_trace() -> None:
+    ours, _ = _pair(3)
+    ei_a, ei_b = _graph(10, 30), _graph(15, 47, seed=2)
+    xa, xb = torch.randn(10, 5, dtype=torch.float64), torch.randn(15, 5, dtype=torch.float64)
+    ea, eb = torch.randn(30, 3, dtype=torch.float64), torch.randn(47, 3, dtype=torch.float64)
+    n, e = torch.export.Dim("n", min=2), torch.export.Dim("e", min=2)
+    program = torch.export.export(ours, (xa, ei_a, ea), dynamic_shapes=({0: n}, {1: e}, {0: e}))
+    assert any("relu_edge_sum" in str(node.target) for node in program.graph.nodes)
+    torch.testing.assert_close(program.module()(xb, ei_b, eb), ours(xb, ei_b, eb))
+    # torch.jit.trace takes PyG's path: the trace holds no node count.
+    traced = torch.jit.trace(ours, (xa, ei_a, ea), check_trace=False)
+    torch.testing.assert_close(traced(xb, ei_b, eb), ours(xb, ei_b, eb))
 
 
 def test_no_edge_by_feature_tensor_is_kept_for_backward() -> None:
@@ -137,7 +188,7 @@ def test_no_edge_by_feature_tensor_is_kept_for_backward() -> None:
         return shapes
 
     assert (e, d) in saved_shapes(theirs)  # the check can fail: PyG keeps its messages
-    assert all(s[0] != e or len(s) < 2 or s[1] != d for s in saved_shapes(ours))
+    assert all(len(s) < 2 or s[:2] != (e, d) for s in saved_shapes(ours))
 
 
 def test_other_calls_take_pyg_path() -> None:
@@ -151,14 +202,47 @@ def test_other_calls_take_pyg_path() -> None:
     torch.testing.assert_close(ours(x, edge_index, edge_attr), theirs(x, edge_index, edge_attr))
     assert seen
     handle.remove()
-    # An index out of range: PyG's own error.
+    # An id out of range: a ValueError naming the row of edge_index.
     bad = edge_index.clone()
     bad[0, 3] = 8
-    with pytest.raises(IndexError, match="edge_index"):
+    with pytest.raises(ValueError, match=r"edge_index\[0\]"):
+        ours(x, bad, edge_attr)
+    bad = edge_index.clone()
+    bad[1, 5] = -1
+    with pytest.raises(ValueError, match=r"edge_index\[1\]"):
         ours(x, bad, edge_attr)
     # Edge features of the wrong width without edge_dim: PyG's message.
     with pytest.raises(ValueError, match="edge_dim"):
         ours(x, edge_index, edge_attr[:, :3])
+
+
+@pytest.mark.parametrize("kw", [{"flow": "target_to_source"}, {"aggr": "mean"}])
+def test_other_flow_and_aggregation_are_pyg_s(kw) -> None:
+    torch.manual_seed(0)
+    ours = GINEConv(MLP([5, 3]), edge_dim=2, **kw).double().eval()
+    theirs = PyGGINEConv(MLP([5, 3]), edge_dim=2, **kw).double().eval()
+    theirs.load_state_dict(ours.state_dict())
+    edge_index = torch.tensor([[0, 1, 2, 3], [5, 5, 5, 4]])
+    x, edge_attr = torch.randn(6, 5, dtype=torch.float64), torch.randn(4, 2, dtype=torch.float64)
+    torch.testing.assert_close(ours(x, edge_index, edge_attr), theirs(x, edge_index, edge_attr))
+
+
+def test_size_and_edge_index_object_are_pyg_s() -> None:
+    from torch_geometric import EdgeIndex
+
+    ours, theirs = _pair(2)
+    edge_index = torch.tensor([[0, 1, 2, 3], [1, 1, 2, 0]])
+    x, edge_attr = torch.randn(8, 5, dtype=torch.float64), torch.randn(4, 2, dtype=torch.float64)
+    a = ours((x, None), EdgeIndex(edge_index, sparse_size=(8, 10)), edge_attr)
+    b = theirs((x, None), EdgeIndex(edge_index, sparse_size=(8, 10)), edge_attr)
+    assert a.shape == (10, 3)
+    torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError):
+        ours(x, edge_index, edge_attr, size=(9, 8))
+    torch.testing.assert_close(
+        ours((x, None), edge_index, edge_attr, size=(8, 6)),
+        theirs((x, None), edge_index, edge_attr, size=(8, 6)),
+    )
 
 
 def test_compiles_without_graph_break(small_chunks) -> None:

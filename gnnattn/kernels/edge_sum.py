@@ -81,7 +81,7 @@ def _bwd(
     dx = torch.zeros_like(x)
     de = torch.zeros_like(edge_attr) if need_edge else edge_attr.new_empty(0)
     linear = weight is not None and need_weight
-    dw = torch.zeros_like(weight) if linear else x.new_empty(0)
+    dw = torch.zeros_like(weight) if weight is not None and need_weight else x.new_empty(0)
     db = torch.zeros_like(bias) if linear and bias is not None else x.new_empty(0)
     for s in _chunks(src.numel(), x.size(1)):
         e = edge_attr[s]
@@ -116,6 +116,11 @@ def _setup(ctx: Any, inputs: tuple, output: Tensor) -> None:
 def _backward(ctx: Any, grad: Tensor) -> tuple:
     x, edge_attr, weight, bias, src, dst = ctx.saved_tensors
     need = ctx.needs_input_grad
+    if torch.is_grad_enabled():
+        # A double backward (create_graph=True: a gradient penalty, forces):
+        # the one-piece reference, whose [|E|, D] messages autograd can
+        # differentiate again. Only this case pays their memory.
+        return _differentiable_backward(grad, x, edge_attr, weight, bias, src, dst, need)
     dx, de, dw, db = torch.ops.gnnattn.relu_edge_sum_bwd(
         grad.contiguous(), x, edge_attr, weight, bias, src, dst, need[1], need[2] or need[3]
     )
@@ -130,6 +135,27 @@ def _backward(ctx: Any, grad: Tensor) -> tuple:
     )
 
 
+def _differentiable_backward(
+    grad: Tensor,
+    x: Tensor,
+    edge_attr: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    src: Tensor,
+    dst: Tensor,
+    need: tuple[bool, ...],
+) -> tuple:
+    inputs = (x, edge_attr, weight, bias)
+    wanted = [t for t, n in zip(inputs, need[:4], strict=True) if n and t is not None]
+    with torch.enable_grad():
+        out = relu_edge_sum_reference(x, edge_attr, weight, bias, src, dst, grad.shape[0])
+        grads = iter(torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True))
+    result = [
+        next(grads) if n and t is not None else None for t, n in zip(inputs, need[:4], strict=True)
+    ]
+    return (*result, None, None, None)
+
+
 _fwd.register_autograd(_backward, setup_context=_setup)
 
 
@@ -142,16 +168,40 @@ def relu_edge_sum(
     dst: Tensor,
     num_targets: int,
 ) -> Tensor:
-    r""":math:`\mathrm{out}_i = \sum_{e = (j \to i)} \mathrm{ReLU}(x_j + W a_e + b)`, in
-    chunks of edges (``W a_e + b`` is ``a_e`` itself when ``weight`` is ``None``).
+    r"""GINE's edge sum in chunks of edges, never holding the ``[|E|, D]`` messages.
 
-    The inputs are trusted (the layer checks them): ``x`` ``[|V_src|, D]``,
-    ``edge_attr`` ``[|E|, F]`` (``F = D`` without a weight), ``weight``
-    ``[D, F]``, ``bias`` ``[D]``, ``src`` and ``dst`` ``[|E|]`` int32 or int64.
-    Returns ``[num_targets, D]`` in ``x``'s dtype.
+    .. math::
+        \mathrm{out}_i = \sum_{e = (j \to i)} \mathrm{ReLU}(x_j + W a_e + b)
+
+    (``W a_e + b`` is ``a_e`` itself when ``weight`` is ``None``). The
+    backward forms each chunk's messages again instead of keeping them. The
+    inputs are trusted (:class:`gnnattn.nn.GINEConv` checks them).
+
+    Args:
+        x (Tensor): source features.
+        edge_attr (Tensor): edge features.
+        weight (Tensor, optional): :math:`W`, or ``None``.
+        bias (Tensor, optional): :math:`b`, or ``None``.
+        src (Tensor): source id of each edge (int32 or int64).
+        dst (Tensor): target id of each edge (int32 or int64).
+        num_targets (int): the number of rows of the result.
+
+    Shapes:
+        - **input:** ``x`` :math:`(|V_s|, D)`, ``edge_attr`` :math:`(|E|, F)`
+          (:math:`F = D` without a weight), ``weight`` :math:`(D, F)`,
+          ``bias`` :math:`(D)`, ``src`` and ``dst`` :math:`(|E|)`
+        - **output:** :math:`(\text{num\_targets}, D)`, in ``x``'s dtype
+
+    Example:
+        >>> x, a = torch.ones(3, 2), torch.zeros(2, 2)
+        >>> relu_edge_sum(x, a, None, None, torch.tensor([0, 1]), torch.tensor([2, 2]), 3)
+        tensor([[0., 0.],
+                [0., 0.],
+                [2., 2.]])
     """
+    # num_targets as given: a size traced by torch.export stays symbolic.
     return torch.ops.gnnattn.relu_edge_sum(
-        x.contiguous(), edge_attr.contiguous(), weight, bias, src, dst, int(num_targets)
+        x.contiguous(), edge_attr.contiguous(), weight, bias, src, dst, num_targets
     )
 
 
@@ -164,8 +214,10 @@ def relu_edge_sum_reference(
     dst: Tensor,
     num_targets: int,
 ) -> Tensor:
-    """:func:`relu_edge_sum` in one piece, as PyG's ``GINEConv`` computes it (the test
-    reference: it holds the ``[|E|, D]`` messages)."""
+    r""":func:`relu_edge_sum` in one piece, as PyG's ``GINEConv`` computes it: the
+    ``[|E|, D]`` messages :math:`\mathrm{ReLU}(x_{src(e)} + W a_e + b)` formed at once,
+    then :math:`\mathrm{out}_i = \sum_{e: dst(e) = i} m_e`. The tests' reference,
+    and the double backward's (which differentiates it)."""
     msg = (
         x.index_select(0, src)
         + (F.linear(edge_attr, weight, bias) if weight is not None else edge_attr)

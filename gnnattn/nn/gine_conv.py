@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch_geometric import EdgeIndex
 from torch_geometric.nn import GINEConv as PyGGINEConv
 from torch_geometric.nn.aggr import SumAggregation
 from torch_geometric.typing import OptPairTensor, OptTensor
@@ -41,10 +42,14 @@ class GINEConv(PyGGINEConv):
     forms each chunk's messages again instead of keeping them. The outputs
     and gradients are PyG's up to the order of float additions.
 
-    The chunked sum runs for a plain ``[2, |E|]`` ``edge_index`` with
-    ``edge_attr`` ``[|E|, F]`` and ``x`` ``[|V|, D]`` (or a pair), the default
-    sum aggregation, and no PyG hooks or explainer on the layer; any other
-    call runs PyG's ``propagate`` unchanged, errors included.
+    The chunked sum runs for a plain ``[2, |E|]`` ``edge_index`` tensor with
+    ``edge_attr`` ``[|E|, F]`` of ``x``'s dtype, ``x`` ``[|V|, D]`` (or a
+    pair), no ``size``, the default sum aggregation and flow, and no PyG hooks
+    or explainer on the layer; any other call (an ``EdgeIndex``, a sparse
+    adjacency, ``torch.jit.trace``) runs PyG's ``propagate`` unchanged. An id
+    of ``edge_index`` out of range raises a ``ValueError`` naming it.
+    ``torch.jit.script`` is not supported (PyG's layer is);
+    ``torch.compile`` and ``torch.export`` are.
 
     Args:
         nn (torch.nn.Module): :math:`h_{\mathbf{\Theta}}`, mapping ``[|V|, D]``
@@ -83,25 +88,21 @@ class GINEConv(PyGGINEConv):
         size: tuple[int, int] | None = None,
     ) -> Tensor:
         pair = (x, x) if isinstance(x, Tensor) else x
-        if not self._chunked(pair, edge_index, edge_attr):
+        if size is not None or not self._chunked(pair, edge_index, edge_attr):
             return super().forward(x, edge_index, edge_attr, size)
         x_src, x_dst = pair
         assert isinstance(x_src, Tensor) and isinstance(edge_attr, Tensor)
-        num_targets = (
-            size[1] if size is not None else (x_dst if x_dst is not None else x_src).size(0)
-        )
+        num_targets = (x_dst if x_dst is not None else x_src).size(0)
         lin = self.lin
         weight, bias = (lin.weight, lin.bias) if lin is not None else (None, None)
+        src, dst = edge_index[0], edge_index[1]
         try:
-            out = relu_edge_sum(
-                x_src, edge_attr, weight, bias, edge_index[0], edge_index[1], num_targets
-            )
+            out = relu_edge_sum(x_src, edge_attr, weight, bias, src, dst, num_targets)
         except (IndexError, RuntimeError):
-            if torch.compiler.is_compiling():
-                raise
-            # An index out of range, a dtype PyG would promote: PyG's own path
-            # raises its error, or computes what PyG computes.
-            return super().forward(x, edge_index, edge_attr, size)
+            # Checked only when the op fails, so a call that works pays nothing.
+            _check_index(src, x_src.size(0), "edge_index[0]")
+            _check_index(dst, num_targets, "edge_index[1]")
+            raise
         if x_dst is not None:
             out = out + (1 + self.eps) * x_dst
         return self.nn(out)
@@ -110,15 +111,21 @@ class GINEConv(PyGGINEConv):
         """Whether a call takes the chunked sum (else PyG's ``propagate``)."""
         x_src, x_dst = pair
         plain = (
+            # Not an EdgeIndex (its sparse sizes are PyG's to read), not traced by
+            # torch.jit.trace (which would bake the node count into the op call).
             isinstance(edge_index, Tensor)
+            and not isinstance(edge_index, EdgeIndex)
+            and not torch.jit.is_tracing()
             and edge_index.layout == torch.strided
             and edge_index.dim() == 2
             and edge_index.size(0) == 2
             and not edge_index.is_floating_point()
         )
+        lin = self.lin
+        # PyG's Linear says in_channels, torch's in_features.
         width = (
-            self.lin.in_channels
-            if self.lin is not None
+            getattr(lin, "in_channels", getattr(lin, "in_features", -1))
+            if lin is not None
             else (x_src.size(-1) if isinstance(x_src, Tensor) else -1)
         )
         features = (
@@ -135,7 +142,17 @@ class GINEConv(PyGGINEConv):
             plain
             and features
             and isinstance(self.aggr_module, SumAggregation)
+            and self.flow == "source_to_target"
             and not hooks
             and not getattr(self, "_explain", False)
             and self.decomposed_layers == 1
+        )
+
+
+def _check_index(index: Tensor, bound: int, name: str) -> None:
+    """Raise a ``ValueError`` naming ``name`` unless every id of ``index`` is in ``[0, bound)``."""
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= bound):
+        raise ValueError(
+            f"Expected '{name}' ids in [0, {bound}), got ids in "
+            f"[{int(index.min())}, {int(index.max())}]"
         )
