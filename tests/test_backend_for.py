@@ -24,6 +24,7 @@ from gnnattn.ops import BackendChoice, operator
 # The names of gnnattn.nn that run no attention (so have no backend_for).
 NOT_ATTENTION = {
     "Dropout",
+    "GINEConv",
     "GraphPositionalEncoding",
     "LearnedPositionalEncoding",
     "SinusoidalPositionalEncoding",

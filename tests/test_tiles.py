@@ -512,3 +512,37 @@ def test_auto_runs_what_backend_for_says():
     q, k, v = (torch.randn(4096, 2, 8) for _ in range(3))
     res = attention(q, k, v, graph, return_lse=True)
     assert res.backend == backend_for(q, graph).backend == "tiles"
+
+
+@pytest.mark.parametrize(
+    "graph",
+    [
+        AttentionGraph.window(300, window=9),
+        AttentionGraph.window(257, window=20, causal=True),
+        AttentionGraph(sliding_window_graph(200, window=5, batch=torch.arange(200) // 70)),
+    ],
+    ids=["window", "causal window", "batched windows"],
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_banded_chunks_read_strided_views_without_a_gradient(graph, bias, monkeypatch):
+    # The interior windows of a window graph are bands: without a gradient the
+    # fused kernel reads them as strided views of q, k, v (no gather). The
+    # result is the message-passing reference's.
+    from gnnattn.graphs import blocks
+    from gnnattn.kernels import tiles as kernel
+
+    if kernel._FLASH is None:
+        pytest.skip("no fused CPU attention op in this torch")
+    plan = block_plan(graph, 16)
+    assert any(ch.band is not None for ch in plan.chunks)
+    views = []
+    band_views = kernel._band_views
+    monkeypatch.setattr(kernel, "_band_views", lambda *a: views.append(1) or band_views(*a))
+    monkeypatch.setattr(blocks, "default_block", lambda device: 16)
+    x = _leaves(graph.num_dst, graph.num_src, graph.num_edges, seed=8)
+    kw = {"score_bias": x["score_bias"].detach()} if bias else {}
+    with torch.no_grad():
+        got = attention(x["q"], x["k"], x["v"], graph, backend="tiles", **kw)
+        want = attention(x["q"], x["k"], x["v"], graph, backend="mp", **kw)
+    assert views
+    torch.testing.assert_close(got, want, **TOL)

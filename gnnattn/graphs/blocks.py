@@ -104,6 +104,11 @@ class TileChunk(NamedTuple):
         key_masked: ``[n, K]`` bool, the columns ``masked`` masks on every row
             with edges, when it masks no other slot (padding columns only, as
             for complete blocks): a key-padding mask, or ``None``.
+        band: ``(row0, row_step, col0, col_step)`` when window ``w``'s rows are
+            ``row0 + w row_step + arange(R)`` and its columns ``col0 + w
+            col_step + arange(K)`` (the interior of a window graph): the tiles
+            are then strided views of ``q``, ``k``, ``v``, read with no gather.
+            ``None`` otherwise.
     """
 
     rows: Tensor
@@ -114,6 +119,67 @@ class TileChunk(NamedTuple):
     edge: Tensor
     pos: Tensor
     key_masked: Tensor | None = None
+    band: tuple[int, int, int, int] | None = None
+
+
+def _banded(ch: TileChunk, num_dst: int) -> list[TileChunk]:
+    """``ch`` cut where needed so that its longest stretch of banded windows is a chunk
+    of its own, with its :attr:`TileChunk.band` (the others keep ``None``); the
+    windows keep their order.
+
+    A window is banded when its rows and columns are consecutive ids; a stretch
+    when their first ids also advance by one step each. Only the slots that matter
+    must follow: a padded row (its output is dropped) and a column masked on every
+    row (it holds no edge: its finite key and value get weight 0) may read any
+    row, or a zero row past the inputs (the kernel pads them there).
+    """
+    n, r = ch.rows.shape
+    kk = ch.cols.shape[1]
+    live_rows = ch.out_rows < num_dst  # (n, R)
+    live_cols = ~ch.masked.all(1) if ch.masked is not None else torch.ones_like(ch.cols).bool()
+    row0, col0 = ch.rows[:, :1], ch.cols[:, :1]  # (n, 1)
+    ok = (
+        ((ch.rows == row0 + torch.arange(r, device=row0.device)) | ~live_rows).all(1)
+        & ((ch.cols == col0 + torch.arange(kk, device=col0.device)) | ~live_cols).all(1)
+    ).tolist()
+    rs, cs = row0.view(-1).tolist(), col0.view(-1).tolist()
+    best, a = (0, 0), 0
+    while a < n:
+        b = a + 1
+        if ok[a] and b < n and ok[b]:
+            step = (rs[b] - rs[a], cs[b] - cs[a])
+            while b < n and ok[b] and (rs[b] - rs[b - 1], cs[b] - cs[b - 1]) == step:
+                b += 1
+            if min(step) >= 0 and b - a > best[1] - best[0]:
+                best = (a, b)
+        a = b
+    a, b = best
+    if b - a < 2:
+        return [ch]
+    band = (rs[a], rs[a + 1] - rs[a], cs[a], cs[a + 1] - cs[a])
+    parts = [
+        _chunk_part(ch, 0, a),
+        _chunk_part(ch, a, b)._replace(band=band),
+        _chunk_part(ch, b, n),
+    ]
+    return [part for part in parts if part.rows.shape[0]]
+
+
+def _chunk_part(ch: TileChunk, a: int, b: int) -> TileChunk:
+    """Windows ``a:b`` of a chunk, its edges' slots renumbered."""
+    rk = ch.rows.shape[1] * ch.cols.shape[1]
+    window = ch.slot // rk
+    keep = (window >= a) & (window < b)
+    return TileChunk(
+        ch.rows[a:b],
+        ch.out_rows[a:b],
+        ch.cols[a:b],
+        ch.masked[a:b] if ch.masked is not None else None,
+        ch.slot[keep] - a * rk,
+        ch.edge[keep],
+        ch.pos[keep],
+        ch.key_masked[a:b] if ch.key_masked is not None else None,
+    )
 
 
 class TilePlan(NamedTuple):
@@ -432,6 +498,7 @@ def plan_tiles(graph: AttentionGraph, block: int) -> TilePlan:
                 key_c = keys
             masked_c = mk.masked_fill_(dead, False)
         chunks.append(TileChunk(row_ids, out_ids, col_ids, masked_c, sl, ed, ps, key_c))
+    chunks = [part for ch in chunks for part in _banded(ch, graph.num_dst)]
     # The chunks' rows and columns as views of one tensor each, so that a call can
     # gather every chunk's rows at once (one gather, one scatter in its backward).
     all_rows = torch.cat([c.rows.reshape(-1) for c in chunks]) if chunks else src.new_zeros(0)
@@ -439,7 +506,10 @@ def plan_tiles(graph: AttentionGraph, block: int) -> TilePlan:
     row_views = all_rows.split([c.rows.numel() for c in chunks])
     col_views = all_cols.split([c.cols.numel() for c in chunks])
     chunks = [
-        c._replace(rows=r.view(c.rows.shape), cols=k.view(c.cols.shape))
+        c._replace(
+            rows=r.view(c.rows.shape),
+            cols=k.view(c.cols.shape),
+        )
         for c, r, k in zip(chunks, row_views, col_views, strict=True)
     ]
     slots = sum(len(p) * r * k for r, k, p in shapes)

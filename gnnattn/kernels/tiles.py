@@ -339,35 +339,95 @@ def _flash(
     scores, and its backward (autograd's, through the gathers) recomputes them
     from its log-sum-exp. For a call without dropout, weights or a bias with a
     gradient (:func:`_flash_takes`); the mask is :func:`_run_mask`'s.
+
+    Without a gradient, a banded chunk (:attr:`~gnnattn.graphs.blocks.TileChunk.band`,
+    the interior of a window graph) reads its tiles as strided views of ``q``,
+    ``k``, ``v``, one call of its own: on the sliding window of 4096 tokens the
+    gathers it saves wrote 90 MB per call, more time than the kernel took.
     """
     assert _FLASH is not None
-    h, c, cv = q.shape[1], q.shape[2], v.shape[2]
+    h, cv = q.shape[1], v.shape[2]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     bt = bias.t().contiguous() if bias is not None else None  # (H, E)
-    runs = _runs(plan.chunks, bt is not None)
-    outs, lses = [], []
-    # One gather per tensor for every chunk (its backward is one index_add: per
-    # chunk, each would zero a gradient as large as q, k or v).
-    qs = q.index_select(0, plan.rows).split([sum(x.rows.numel() for x in run) for run in runs])
-    col_sizes = [sum(x.cols.numel() for x in run) for run in runs]
-    ks = k.index_select(0, plan.cols).split(col_sizes)
-    vs = v.index_select(0, plan.cols).split(col_sizes)
-    for run, qc, kc, vc in zip(runs, qs, ks, vs, strict=True):
-        r, kk = run[0].rows.shape[1], run[0].cols.shape[1]
-        w = qc.shape[0] // r
-        qw = qc.view(w, r, h, c).transpose(1, 2)  # (n, H, R, C)
-        kw = kc.view(w, kk, h, c).transpose(1, 2)  # (n, H, K, C)
-        vw = vc.view(w, kk, h, cv).transpose(1, 2)  # (n, H, K, Cv)
-        o, lse = _FLASH(qw, kw, vw, attn_mask=_run_mask(run, bt, q), scale=scale)
-        outs.append(o.transpose(1, 2).reshape(w * r, h, cv))  # (n R, H, Cv)
-        if need_lse:
-            lses.append(lse.transpose(1, 2).reshape(w * r, h))
+    strided = not (
+        torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    )
+    # Per chunk, in plan order (plan.take's): its (out [n R, H, Cv], lse [n R, H]).
+    results: list[tuple[Tensor, Tensor] | None] = [None] * len(plan.chunks)
+    at = {id(ch): i for i, ch in enumerate(plan.chunks)}
+    gathered: list[list[TileChunk]] = []
+    for run in _runs(plan.chunks, bt is not None):
+        rest = []
+        for ch in run:
+            if strided and ch.band is not None:
+                tiles = _band_views(q, k, v, ch)
+                results[at[id(ch)]] = _call(tiles, [ch], bt, q, scale)
+            else:
+                rest.append(ch)
+        if rest:
+            gathered.append(rest)
+    if gathered:
+        chunks = [ch for run in gathered for ch in run]
+        # One gather per tensor for these chunks (its backward is one index_add: per
+        # chunk, each would zero a gradient as large as q, k or v).
+        every = len(chunks) == len(plan.chunks)
+        rows = plan.rows if every else torch.cat([ch.rows.view(-1) for ch in chunks])
+        cols = plan.cols if every else torch.cat([ch.cols.view(-1) for ch in chunks])
+        qs = q.index_select(0, rows).split([sum(x.rows.numel() for x in run) for run in gathered])
+        col_sizes = [sum(x.cols.numel() for x in run) for run in gathered]
+        ks = k.index_select(0, cols).split(col_sizes)
+        vs = v.index_select(0, cols).split(col_sizes)
+        for run, qc, kc, vc in zip(gathered, qs, ks, vs, strict=True):
+            r, kk = run[0].rows.shape[1], run[0].cols.shape[1]
+            w = qc.shape[0] // r
+            tiles = (
+                qc.view(w, r, h, -1).transpose(1, 2),  # (n, H, R, C)
+                kc.view(w, kk, h, -1).transpose(1, 2),  # (n, H, K, C)
+                vc.view(w, kk, h, cv).transpose(1, 2),  # (n, H, K, Cv)
+            )
+            o, lse = _call(tiles, run, bt, q, scale)
+            sizes = [ch.rows.numel() for ch in run]
+            for ch, oc, lc in zip(run, o.split(sizes), lse.split(sizes), strict=True):
+                results[at[id(ch)]] = (oc, lc)
+    assert all(x is not None for x in results)
     # Targets without edges take the row past the chunks' rows: zeros, lse -inf.
-    outs.append(q.new_zeros(1, h, cv))
+    outs = [x[0] for x in results if x is not None] + [q.new_zeros(1, h, cv)]
     out = torch.cat(outs).index_select(0, plan.take)  # (N, H, Cv)
     if not need_lse:
         return out, None
-    lses.append(q.new_full((1, h), float("-inf")))
+    lses = [x[1] for x in results if x is not None] + [q.new_full((1, h), float("-inf"))]
     return out, torch.cat(lses).index_select(0, plan.take).to(acc_dtype(q.dtype))
+
+
+def _band_views(q: Tensor, k: Tensor, v: Tensor, ch: TileChunk) -> tuple[Tensor, ...]:
+    """The tiles of a banded chunk as views ``(n, H, R, C)``, ``(n, H, K, C)``,
+    ``(n, H, K, Cv)`` of the contiguous ``[N, H, C]`` inputs (overlapping: a source
+    is a column of several windows)."""
+    assert ch.band is not None
+    row0, row_step, col0, col_step = ch.band
+    (n, r), kk = ch.rows.shape, ch.cols.shape[1]
+
+    def view(t: Tensor, first: int, step: int, width: int) -> Tensor:
+        h, c = t.shape[1], t.shape[2]
+        past = first + (n - 1) * step + width - t.shape[0]
+        if past > 0:
+            # The last window's padding reaches past the rows: zero rows there
+            # (read only by dropped rows and fully masked columns).
+            t = torch.cat([t, t.new_zeros(past, h, c)])
+        size, stride = (n, h, width, c), (step * h * c, c, h * c, 1)
+        return t.as_strided(size, stride, t.storage_offset() + first * h * c)
+
+    return view(q, row0, row_step, r), view(k, col0, col_step, kk), view(v, col0, col_step, kk)
+
+
+def _call(
+    tiles: tuple[Tensor, ...], run: list[TileChunk], bt: Tensor | None, q: Tensor, scale: float
+) -> tuple[Tensor, Tensor]:
+    """The fused kernel on a run's tiles: ``out`` ``[n R, H, Cv]``, ``lse`` ``[n R, H]``."""
+    assert _FLASH is not None
+    o, lse = _FLASH(*tiles, attn_mask=_run_mask(run, bt, q), scale=scale)
+    n, h, r, cv = o.shape
+    return o.transpose(1, 2).reshape(n * r, h, cv), lse.transpose(1, 2).reshape(n * r, h)
 
 
 class _TileAttention(torch.autograd.Function):
