@@ -533,7 +533,7 @@ def block_plan(graph: AttentionGraph, block: int | None = None) -> TilePlan:
         >>> g = AttentionGraph(sliding_window_graph(256, window=32))
         >>> plan = block_plan(g, 64)
         >>> plan
-        TilePlan(block=64, windows=4, buckets=1, chunks=1, fill=0.476)
+        TilePlan(block=64, windows=4, buckets=1, chunks=2, fill=0.476)
         >>> [tuple(c.masked.shape) for c in plan.chunks]  # 4 windows of 64 rows x 128 columns
         [(4, 64, 128)]
     """
