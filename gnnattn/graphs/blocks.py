@@ -534,8 +534,10 @@ def block_plan(graph: AttentionGraph, block: int | None = None) -> TilePlan:
         >>> plan = block_plan(g, 64)
         >>> plan
         TilePlan(block=64, windows=4, buckets=1, chunks=2, fill=0.476)
-        >>> [tuple(c.masked.shape) for c in plan.chunks]  # 4 windows of 64 rows x 128 columns
-        [(4, 64, 128)]
+        >>> [tuple(c.masked.shape) for c in plan.chunks]  # windows of 64 rows x 128 columns
+        [(2, 64, 128), (2, 64, 128)]
+        >>> [c.band for c in plan.chunks]  # the banded stretch (windows 1 and 2) first
+        [(64, 64, 32, 64), None]
     """
     b = default_block(graph.device) if block is None else block
     check_int(b, "block", min=1)
