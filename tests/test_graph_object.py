@@ -113,15 +113,25 @@ def test_explicit_edges_detected_once_and_pruned_once(monkeypatch):
     assert bool((g.edge_index[0] <= g.edge_index[1]).all())
 
 
-def test_transposed_csr_built_once_per_graph(monkeypatch):
+@pytest.mark.parametrize("host", [True, False], ids=["numba", "torch"])
+def test_transposed_csr_built_once_per_graph(monkeypatch, host):
     calls = []
-    transpose = graph_module.transpose_csr
+    # On the host the CSC is made with its plan in one compiled pass; elsewhere
+    # (and under compile) by transpose_csr.
+    if host:
+        import gnnattn.kernels.cpu as cpu_module
+
+        owner, name = cpu_module, "csc_plan_tensors"
+    else:
+        monkeypatch.setattr(graph_module, "_on_host", lambda t: False)
+        owner, name = graph_module, "transpose_csr"
+    build = getattr(owner, name)
 
     def counting(*args, **kwargs):
         calls.append(1)
-        return transpose(*args, **kwargs)
+        return build(*args, **kwargs)
 
-    monkeypatch.setattr(graph_module, "transpose_csr", counting)
+    monkeypatch.setattr(owner, name, counting)
     layer = layer64(backend="fused")
     graph = AttentionGraph(random_graph(12, 50), 12)
     for _ in range(4):

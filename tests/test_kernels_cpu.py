@@ -576,6 +576,8 @@ def test_cpu_has_the_reference_api():
             "CPUPlan",
             "attention_bwd_dst",
             "attention_bwd_src",
+            "csc_plan_tensors",
+            "csr_plan_tensors",
             "dropout",
             "dropout_bits",
             "exp32",

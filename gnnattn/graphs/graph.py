@@ -31,9 +31,10 @@ from torch import Tensor
 
 from ..checks import check_int
 from .builders import resolve_lengths, structured_edge_index
-from .csr import CSC, CSR, segment_ids, to_csr, transpose_csr
+from .csr import CSC, CSR, _on_host, segment_ids, to_csr, transpose_csr
 from .inputs import canonical_device, normalize
 from .structure import Structure, detect_structure
+from .validate import check_edge_index
 
 __all__ = ["AttentionGraph"]
 
@@ -54,6 +55,24 @@ def _building(lock: threading.RLock | None) -> Iterator[None]:
         return
     with lock or contextlib.nullcontext(), torch.inference_mode(False):
         yield
+
+
+def _host_csr(edge_index: Tensor, num_dst: int, num_src: int) -> tuple[CSR, Tensor]:
+    """The CSR of checked-as-made edges on the host, and the CPU kernels' plan of it.
+
+    One compiled pass checks the ids, sorts by target and splits the work:
+    on a batch of molecules, where a layer gets a new ``edge_index`` every
+    call, the separate check, sort and split cost as much as the attention.
+    """
+    from ..kernels.cpu import csr_plan_tensors
+
+    with torch.inference_mode(False):
+        made = csr_plan_tensors(edge_index, num_dst, num_src)
+    if made is None:
+        check_edge_index(edge_index, num_src, num_dst)  # raises, naming the id
+        raise AssertionError("an id out of range that check_edge_index accepts")
+    ptr, col, perm, plan = made
+    return CSR(ptr, col, perm), plan
 
 
 class AttentionGraph:
@@ -120,13 +139,21 @@ class AttentionGraph:
     ) -> None:
         check_int(num_nodes, "num_nodes", optional=True)
         check_int(num_src, "num_src", optional=True)
-        ei, n_dst, n_src, csr = normalize(edge_index, num_nodes, num_src)
+        # Edges on the host are checked by the pass that makes their CSR.
+        host = not causal and isinstance(edge_index, Tensor) and _on_host(edge_index)
+        ei, n_dst, n_src, csr = normalize(edge_index, num_nodes, num_src, check=not host)
         if causal and n_src is not None:
             raise ValueError(
                 "Expected a square graph with causal=True (causal order relates tokens of one "
                 f"sequence), got a bipartite one ({n_src} sources, {n_dst} targets)"
             )
-        self._init(ei, n_dst, n_src if n_src is not None else n_dst, n_src is not None, csr=csr)
+        m = n_src if n_src is not None else n_dst
+        plan = None
+        if host and csr is None and ei is not None:
+            csr, plan = _host_csr(ei, n_dst, m)
+        self._init(ei, n_dst, m, n_src is not None, csr=csr)
+        if plan is not None:
+            self._cache[self._plan_key("csr")] = plan
         if causal:
             self._prune_causal()
 
@@ -332,7 +359,7 @@ class AttentionGraph:
         inside its call, which is correct, only slower. One eager call or
         :meth:`prepare` makes the plans before compiling.
         """
-        key = ("plan", self._device.type, layout)
+        key = self._plan_key(layout)
         if torch.compiler.is_compiling():
             made = self.peek(key)
             return made if made is not None else torch.empty(0, dtype=torch.int64)
@@ -347,6 +374,9 @@ class AttentionGraph:
         return self.derived(
             key, lambda: plan_tensors(idx[0], idx[1], self.num_dst, perm=idx[2], check=False)
         )
+
+    def _plan_key(self, layout: str) -> tuple[str, str, str]:
+        return ("plan", self._device.type, layout)
 
     def prepare(self, backward: bool = True) -> AttentionGraph:
         """Make what a call reads (the structure, the CSR, with ``backward`` the
@@ -453,6 +483,13 @@ class AttentionGraph:
             csr = self.csr
             narrow = self._device.type == "cpu" and max(self.num_dst, csr.col.numel()) < 2**31
             dtype = torch.int32 if narrow else torch.int64
+            if _on_host(csr.col) and csr.ptr.dtype == torch.int64:
+                # With the kernels' plan of it, made in the same pass.
+                from ..kernels.cpu import csc_plan_tensors
+
+                tptr, trow, tperm, plan = csc_plan_tensors(csr.ptr, csr.col, self.num_src, dtype)
+                self._cache.setdefault(self._plan_key("csc"), plan)
+                return CSC(tptr, trow, tperm)
             return transpose_csr(csr.ptr, csr.col, self.num_src, dtype=dtype)
 
         return self._derive("_csc", build)

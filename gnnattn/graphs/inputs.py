@@ -25,10 +25,13 @@ def plain(edge_index: Tensor) -> Tensor:
 
 
 def normalize(
-    edge_index: Any, num_nodes: int | None, num_src: int | None
+    edge_index: Any, num_nodes: int | None, num_src: int | None, *, check: bool = True
 ) -> tuple[Tensor | None, int, int | None, CSR | None]:
     """``(edge_index [2, E] int64, num_dst, num_src, csr)`` from any accepted input
-    (``edge_index`` is ``None`` for a CSR adjacency: the CSR is the graph)."""
+    (``edge_index`` is ``None`` for a CSR adjacency: the CSR is the graph).
+
+    ``check=False`` leaves the ids of a ``[2, E]`` tensor unchecked, for a caller that
+    checks them in its own pass over the edges."""
     check_tensor(edge_index, "edge_index")
     csr: CSR | None = None
     if edge_index.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc):
@@ -54,7 +57,8 @@ def normalize(
             # Targets are row 1; for a bipartite graph row 0 counts sources.
             rows = ei[1] if num_src is not None else ei
             num_nodes = int(rows.max()) + 1 if ei.numel() else 0
-        check_edge_index(ei, num_src if num_src is not None else num_nodes, num_nodes)
+        if check:
+            check_edge_index(ei, num_src if num_src is not None else num_nodes, num_nodes)
         if ei.is_inference() or ei.dtype != torch.long:
             # Made outside inference mode, so that autograd can save it
             # later (PyG's gathers do): a copy of an inference tensor, or

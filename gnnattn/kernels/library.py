@@ -423,11 +423,13 @@ class _Attention(torch.autograd.Function):
     """``attention_fwd``'s registered autograd, applied to its implementation directly
     (the eager path of :func:`attention`): the same setup and the same backward."""
 
+    # forward(ctx, ...) rather than a separate setup_context: autograd then
+    # does not bind the 16 arguments to a signature on every call.
     @staticmethod
-    def forward(*inputs: Any) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
-        return _attention_fwd(*inputs)
-
-    setup_context = staticmethod(_attention_setup)
+    def forward(ctx: Any, *inputs: Any) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+        output = _attention_fwd(*inputs)
+        _attention_setup(ctx, inputs, output)
+        return output
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> Any:  # type: ignore[override]

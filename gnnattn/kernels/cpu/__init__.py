@@ -61,7 +61,14 @@ from ._simd import exp32
 from .backward import attention_bwd, attention_bwd_dst, attention_bwd_src
 from .dropout import dropout, relu_dropout, relu_dropout_bwd
 from .forward import attention_fwd
-from .plans import CPUPlan, plan, plan_from_tensors, plan_tensors
+from .plans import (
+    CPUPlan,
+    csc_plan_tensors,
+    csr_plan_tensors,
+    plan,
+    plan_from_tensors,
+    plan_tensors,
+)
 from .softmax import segment_ptr, segment_softmax_bwd, segment_softmax_fwd
 
 __all__ = [
@@ -71,6 +78,8 @@ __all__ = [
     "attention_bwd_dst",
     "attention_bwd_src",
     "attention_fwd",
+    "csc_plan_tensors",
+    "csr_plan_tensors",
     "dropout",
     "dropout_bits",
     "exp32",

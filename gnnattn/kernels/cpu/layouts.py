@@ -30,7 +30,7 @@ from . import _cache  # noqa: F401  (before any kernel: the cache's freshness st
 # Serial: one pass over the edges is memory-bound and short next to the kernels.
 _JIT: Mapping[str, Any] = MappingProxyType(dict(cache=True, nogil=True))
 
-__all__ = ["csr_order", "rows_are_ranges", "split", "transpose"]
+__all__ = ["csc_planned", "csr_order", "csr_planned", "rows_are_ranges", "split", "transpose"]
 
 
 @numba.njit(**_JIT)
@@ -196,6 +196,60 @@ def split(ptr: Tensor, num_edges: int, chunks: int, limit: int) -> Tensor:
     ``limit`` cut into pieces (see :mod:`.plans`), packed as
     ``[K + 1, P, S + 1, bounds..., pieces..., seg...]``."""
     return torch.from_numpy(_split(ptr.numpy(), num_edges, chunks, limit))
+
+
+@numba.njit(**_JIT)
+def _csr_planned(
+    src: np.ndarray, dst: np.ndarray, num_dst: int, num_src: int, k: int, limit: int
+) -> tuple:
+    e = dst.shape[0]
+    for i in range(e):
+        if src[i] < 0 or src[i] >= num_src or dst[i] < 0 or dst[i] >= num_dst:
+            none = np.empty(0, np.int64)
+            return False, none, none, False, none
+    ptr, perm, sorted_ = _csr(src, dst, num_dst, num_src)
+    return True, ptr, perm, sorted_, _split(ptr, e, k, limit)
+
+
+def csr_planned(
+    edge_index: Tensor, num_dst: int, num_src: int, chunks: int, limit: int
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor] | None:
+    """``(ptr, col, perm, packed)``: :func:`gnnattn.graphs.to_csr` of an int64 edge index
+    and its work split (:func:`split`'s), in one compiled call that
+    also checks every id; ``None`` when an id is out of range (nothing is made: the
+    caller's check names it).
+
+    On a batch of small graphs the separate passes (a check, the sort, the split),
+    each a compiled call behind its own conversions, cost more than the sort.
+    """
+    src, dst = edge_index[0].contiguous().numpy(), edge_index[1].contiguous().numpy()
+    ok, ptr, perm, sorted_, packed = _csr_planned(src, dst, num_dst, num_src, chunks, limit)
+    if not ok:
+        return None
+    col = edge_index[0]
+    if sorted_:
+        p = torch.from_numpy(perm)
+        return torch.from_numpy(ptr), col[p], p, torch.from_numpy(packed)
+    return torch.from_numpy(ptr), col.contiguous(), None, torch.from_numpy(packed)
+
+
+@numba.njit(**_JIT)
+def _csc_planned(
+    ptr: np.ndarray, col: np.ndarray, num_src: int, trow: np.ndarray, k: int, limit: int
+) -> tuple:
+    tptr, tperm = _transpose(ptr, col, num_src, trow)
+    return tptr, tperm, _split(tptr, col.shape[0], k, limit)
+
+
+def csc_planned(
+    ptr: Tensor, col: Tensor, num_src: int, dtype: torch.dtype, chunks: int, limit: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(tptr, trow, tperm, packed)``: :func:`transpose` of a CSR the caller made from
+    checked edges (nothing is checked again) and the split of ``tptr``, in one call."""
+    trow = np.empty(col.shape[0], np.int32 if dtype == torch.int32 else np.int64)
+    c = col.contiguous().numpy()
+    tptr, tperm, packed = _csc_planned(ptr.numpy(), c, num_src, trow, chunks, limit)
+    return tuple(torch.from_numpy(a) for a in (tptr, trow, tperm, packed))  # type: ignore[return-value]
 
 
 @numba.njit(**_JIT)

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from ..common import Dropout, check_index, check_ptr
 from ._random import stream
-from .layouts import split
+from .layouts import csc_planned, csr_planned, split
 
 _CHUNKS_PER_THREAD = 4
 # Hubs: a segment longer than max(_PIECE_MIN, E // _PIECES) edges is cut.
@@ -94,11 +94,15 @@ class _Plan:
         return work
 
 
+def _chunks(num_rows: int, threads: int) -> int:
+    return max(1, min(num_rows, _CHUNKS_PER_THREAD * threads))
+
+
 def _packed(ptr: Tensor, num_edges: int, threads: int) -> Tensor:
     """The split of a CSR with ``ptr`` for ``threads``, packed in one int64 tensor:
     ``[K + 1, P, S + 1, bounds..., pieces..., seg...]`` (:func:`.layouts.split`)."""
     # Plain ints: under torch.jit.trace numel() is traced, which numba cannot type.
-    e, k = int(num_edges), max(1, min(int(ptr.numel()) - 1, _CHUNKS_PER_THREAD * threads))
+    e, k = int(num_edges), _chunks(int(ptr.numel()) - 1, threads)
     return split(ptr, e, k, _piece_limit(e))
 
 
@@ -171,6 +175,25 @@ def plan_tensors(
     if check:
         _check_csr(ptr, col, num_cols, perm, ("ptr", "col", "perm"))
     return _packed(ptr, col.numel(), _threads())
+
+
+def csr_plan_tensors(
+    edge_index: Tensor, num_dst: int, num_src: int
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor] | None:
+    """``(ptr, col, perm, plan)``: the CSR of an int64 ``edge_index`` (as
+    :func:`gnnattn.graphs.to_csr` makes it) and :func:`plan_tensors` of it, from one
+    compiled pass that checks every id too; ``None`` when an id is out of range."""
+    e = edge_index.shape[1]
+    return csr_planned(edge_index, num_dst, num_src, _chunks(num_dst, _threads()), _piece_limit(e))
+
+
+def csc_plan_tensors(
+    ptr: Tensor, col: Tensor, num_src: int, dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(tptr, trow, tperm, plan)``: :func:`gnnattn.graphs.transpose_csr` of a CSR made
+    from checked edges, and :func:`plan_tensors` of it, from one compiled pass."""
+    e = col.shape[0]
+    return csc_planned(ptr, col, num_src, dtype, _chunks(num_src, _threads()), _piece_limit(e))
 
 
 def plan_from_tensors(
