@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from types import MappingProxyType, ModuleType
 
 import torch
@@ -62,9 +63,14 @@ def get(device: torch.device) -> ModuleType:
     """The kernel module for ``device``: compiled where possible, else the reference."""
     if device.type not in COMPILED:
         return reference
-    name = _MODULES[device.type][0]
+    name = f"{__name__}.{_MODULES[device.type][0]}"
+    # Imported already after the first call: the import machinery costs more
+    # than some small graphs' kernels, and an op asks several times per call.
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
     try:
-        return importlib.import_module(f"{__name__}.{name}")
+        return importlib.import_module(name)
     except ImportError:
         # numba / triton missing: the pure-torch reference computes the same.
         return reference
