@@ -57,6 +57,42 @@ def test_layouts_equal_the_torch_versions(name, ei, n, m):
 
 
 @pytest.mark.parametrize(
+    "name,ei,n,m", list(_cases()), ids=lambda c: c if isinstance(c, str) else ""
+)
+def test_a_graph_makes_the_layouts_and_plans_of_the_separate_passes(name, ei, n, m):
+    # AttentionGraph builds its CSR with the plan (and its CSC with that plan) in
+    # one compiled pass each: the same arrays as to_csr, transpose_csr and
+    # plan_tensors make one at a time.
+    from gnnattn import AttentionGraph
+    from gnnattn.kernels.library import plan_tensors
+
+    g = AttentionGraph(ei, n, num_src=m if m != n else None)
+    want = csr_mod.to_csr(ei, n, m)
+    assert torch.equal(g.csr.ptr, want.ptr) and torch.equal(g.csr.col, want.col)
+    assert (g.csr.perm is None) == (want.perm is None)
+    if want.perm is not None:
+        assert torch.equal(g.csr.perm, want.perm)
+    plan = g.peek(("plan", "cpu", "csr"))  # made with the CSR, before any call
+    assert plan is not None
+    assert torch.equal(plan, plan_tensors(want.ptr, want.col, m))
+    tcsc = csr_mod._transpose_csr_torch(want.ptr, want.col, m, g.csc.row.dtype)
+    for x, y in zip(g.csc, tcsc, strict=True):
+        assert torch.equal(x, y) and x.dtype == y.dtype
+    assert torch.equal(g.kernel_plan("csc"), plan_tensors(*tcsc[:2], n, perm=tcsc[2]))
+
+
+def test_a_graph_names_the_id_out_of_range():
+    from gnnattn import AttentionGraph
+
+    with pytest.raises(ValueError, match=r"'edge_index'\[1\] below the number of nodes 3, got 3"):
+        AttentionGraph(torch.tensor([[0, 1], [3, 0]]), 3)
+    with pytest.raises(ValueError, match=r"node ids >= 0, got -1"):
+        AttentionGraph(torch.tensor([[0, -1], [1, 0]]), 2)
+    with pytest.raises(ValueError, match=r"'edge_index'\[0\] below the number of nodes 2"):
+        AttentionGraph(torch.tensor([[0, 5], [1, 0]]), 3, num_src=2)
+
+
+@pytest.mark.parametrize(
     "graph",
     [
         causal_graph(7),
