@@ -253,13 +253,18 @@ def test_planning_once_per_graph(monkeypatch):
     if cpu is kernels_pkg.reference:
         pytest.skip("numba is not installed")
     calls: list[int] = []
-    real = cpu.plan_tensors
 
-    def counting(ptr, col, num_cols, *args, **kwargs):
-        calls.append(col.numel())
-        return real(ptr, col, num_cols, *args, **kwargs)
+    def counting(real):
+        def plan(indices, col, *args, **kwargs):
+            # csr_plan_tensors takes the [2, E] edges, the others a CSR's (ptr, col).
+            calls.append(col.numel() if isinstance(col, torch.Tensor) else indices.shape[1])
+            return real(indices, col, *args, **kwargs)
 
-    monkeypatch.setattr(cpu, "plan_tensors", counting)
+        return plan
+
+    # A graph on the host makes its CSR (and its CSC) with the plan in one pass.
+    for name in ("plan_tensors", "csr_plan_tensors", "csc_plan_tensors"):
+        monkeypatch.setattr(cpu, name, counting(getattr(cpu, name)))
     n = 50
     graph = AttentionGraph(torch.randint(0, n, (2, 400)), n)
     layer = gnnattn.SelfAttentionConv(8, 2, dropout=0.2, edge_dim=2, edge_value=True)

@@ -57,17 +57,29 @@ def _building(lock: threading.RLock | None) -> Iterator[None]:
         yield
 
 
-def _host_csr(edge_index: Tensor, num_dst: int, num_src: int) -> tuple[CSR, Tensor]:
-    """The CSR of checked-as-made edges on the host, and the CPU kernels' plan of it.
+def _host_builder(t: Any, name: str) -> Callable[..., Any] | None:
+    """The kernel module's ``name`` (``csr_plan_tensors`` / ``csc_plan_tensors``: a
+    layout made with its plan in one pass) for indices ``t`` on the host, or ``None``
+    where the layout and its plan are made apart (another device, under compile, a
+    module without it)."""
+    if not isinstance(t, Tensor) or not _on_host(t):
+        return None
+    from ..kernels import get
+
+    return getattr(get(t.device), name, None)
+
+
+def _host_csr(
+    make: Callable[..., Any], edge_index: Tensor, num_dst: int, num_src: int
+) -> tuple[CSR, Tensor]:
+    """The CSR of unchecked edges on the host, and the CPU kernels' plan of it.
 
     One compiled pass checks the ids, sorts by target and splits the work:
     on a batch of molecules, where a layer gets a new ``edge_index`` every
     call, the separate check, sort and split cost as much as the attention.
     """
-    from ..kernels.cpu import csr_plan_tensors
-
     with torch.inference_mode(False):
-        made = csr_plan_tensors(edge_index, num_dst, num_src)
+        made = make(edge_index, num_dst, num_src)
     if made is None:
         check_edge_index(edge_index, num_src, num_dst)  # raises, naming the id
         raise AssertionError("an id out of range that check_edge_index accepts")
@@ -140,8 +152,8 @@ class AttentionGraph:
         check_int(num_nodes, "num_nodes", optional=True)
         check_int(num_src, "num_src", optional=True)
         # Edges on the host are checked by the pass that makes their CSR.
-        host = not causal and isinstance(edge_index, Tensor) and _on_host(edge_index)
-        ei, n_dst, n_src, csr = normalize(edge_index, num_nodes, num_src, check=not host)
+        make = None if causal else _host_builder(edge_index, "csr_plan_tensors")
+        ei, n_dst, n_src, csr = normalize(edge_index, num_nodes, num_src, check=make is None)
         if causal and n_src is not None:
             raise ValueError(
                 "Expected a square graph with causal=True (causal order relates tokens of one "
@@ -149,8 +161,8 @@ class AttentionGraph:
             )
         m = n_src if n_src is not None else n_dst
         plan = None
-        if host and csr is None and ei is not None:
-            csr, plan = _host_csr(ei, n_dst, m)
+        if make is not None and csr is None and ei is not None:
+            csr, plan = _host_csr(make, ei, n_dst, m)
         self._init(ei, n_dst, m, n_src is not None, csr=csr)
         if plan is not None:
             self._cache[self._plan_key("csr")] = plan
@@ -483,11 +495,10 @@ class AttentionGraph:
             csr = self.csr
             narrow = self._device.type == "cpu" and max(self.num_dst, csr.col.numel()) < 2**31
             dtype = torch.int32 if narrow else torch.int64
-            if _on_host(csr.col) and csr.ptr.dtype == torch.int64:
+            make = _host_builder(csr.col, "csc_plan_tensors")
+            if make is not None and csr.ptr.dtype == torch.int64:
                 # With the kernels' plan of it, made in the same pass.
-                from ..kernels.cpu import csc_plan_tensors
-
-                tptr, trow, tperm, plan = csc_plan_tensors(csr.ptr, csr.col, self.num_src, dtype)
+                tptr, trow, tperm, plan = make(csr.ptr, csr.col, self.num_src, dtype)
                 self._cache.setdefault(self._plan_key("csc"), plan)
                 return CSC(tptr, trow, tperm)
             return transpose_csr(csr.ptr, csr.col, self.num_src, dtype=dtype)
