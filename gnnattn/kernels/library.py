@@ -160,6 +160,13 @@ def _attention_fwd(
     ``edge_out`` is ``[N, H, 0]`` without ``edge_attr``.
     """
     kern = get(q.device)
+    dropout = dropout_of(dropout_key, dropout_p)
+    op = getattr(kern, "attention_fwd_op", None)
+    if op is not None and plan.numel():
+        # The module's entry for validated calls over a graph's plan (see its docs).
+        res = op(q, k, v, ptr, col, plan, bias, edge_attr, edge_query, dropout, scale)
+        eo = res[2] if edge_attr is not None else q.new_empty(q.shape[0], q.shape[1], 0)
+        return res[0], res[1], eo
     pl = plan_from_tensors(kern, ptr, col, k.shape[0], plan, None)
     opts = {} if edge_attr is None else {"edge_attr": edge_attr, "edge_query": edge_query}
     res = kern.attention_fwd(
@@ -170,7 +177,7 @@ def _attention_fwd(
         col,
         scale,
         bias,
-        dropout=dropout_of(dropout_key, dropout_p),
+        dropout=dropout,
         plan=pl,
         **opts,
     )
@@ -239,6 +246,28 @@ def _attention_bwd(
     are given ``None``.
     """
     kern = get(q.device)
+    dropout = dropout_of(dropout_key, dropout_p)
+    op = getattr(kern, "attention_bwd_op", None)
+    layouts = (ptr, col, plan, tptr, trow, tperm, csc_plan)
+    if op is not None and all(t is not None and t.numel() for t in (plan, tptr, csc_plan)):
+        grads = op(
+            q,
+            k,
+            v,
+            lse,
+            grad_out,
+            layouts,
+            bias,
+            edge_attr,
+            edge_query,
+            grad_edge_out,
+            dropout,
+            scale,
+            need_dedge_attr,
+        )
+        # Four results without edge features, six with (d edge_attr, d edge_query).
+        dea, deq = grads[4:] if edge_attr is not None else (None, None)
+        return tuple(t if t is not None else _empty(q) for t in (*grads[:4], dea, deq))
     pl = plan_from_tensors(kern, ptr, col, k.shape[0], plan, None)
     layout: dict[str, Any] = {}
     if tptr is not None and trow is not None and tperm is not None:
@@ -266,7 +295,7 @@ def _attention_bwd(
         col,
         scale,
         bias,
-        dropout=dropout_of(dropout_key, dropout_p),
+        dropout=dropout,
         plan=pl,
         **layout,
         **opts,

@@ -34,6 +34,7 @@ Layout:
 * :mod:`.plans`: :func:`plan` (a CSR checked once), the work split, checks;
 * :mod:`.softmax`, :mod:`.forward`, :mod:`.backward` (kernels in
   :mod:`._bwd_kernels`): the public kernels;
+* :mod:`.op`: the attention operator's entries, over a graph's plans, unchecked;
 * :mod:`.dropout`: dropout of a dense tensor by the same stream, alone or
   after a ReLU.
 
@@ -61,6 +62,7 @@ from ._simd import exp32
 from .backward import attention_bwd, attention_bwd_dst, attention_bwd_src
 from .dropout import dropout, relu_dropout, relu_dropout_bwd
 from .forward import attention_fwd
+from .op import attention_bwd_op, attention_fwd_op
 from .plans import (
     CPUPlan,
     csc_plan_tensors,
@@ -75,9 +77,11 @@ __all__ = [
     "BACKWARD_READS_OUTPUT",
     "CPUPlan",
     "attention_bwd",
+    "attention_bwd_op",
     "attention_bwd_dst",
     "attention_bwd_src",
     "attention_fwd",
+    "attention_fwd_op",
     "csc_plan_tensors",
     "csr_plan_tensors",
     "dropout",

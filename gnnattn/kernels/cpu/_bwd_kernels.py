@@ -149,13 +149,14 @@ def _dst_delta(
 
 
 @numba.njit(**_INLINE)
-def _delta(dl, ld, i):  # pragma: no cover - compiled
-    """``D_i`` from :func:`_dst_delta`'s sums, into ``ld[i, H:]``."""
+def _delta(dl, lse, ld, i):  # pragma: no cover - compiled
+    """``ld[i] = (lse_i, D_i)``, ``D_i`` from :func:`_dst_delta`'s sums."""
     nh = dl.shape[0] // 2
     zero = dl.dtype.type(0)
     one = dl.dtype.type(1)
     for h in range(nh):
         tot = dl[nh + h]
+        ld[i, h] = lse[i, h]
         ld[i, nh + h] = dl[h] / (one if tot == zero else tot)
 
 
@@ -260,7 +261,7 @@ def _bwd_dst_kernel(
                 q, i, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, col, s0, e0, scale,
                 wa, wp, wf, dl, dbias,
             )
-            _delta(dl, ld, i)
+            _delta(dl, lse, ld, i)
             acc[:] = zero
             eacc[:] = zero
             _dst_grad(
@@ -296,7 +297,7 @@ def _bwd_dst_pieces_kernel(
         for x in range(seg[s] & _NN, seg[s + 1]):
             for h in range(2 * nh):
                 dl[h] += pd[x, h]
-        _delta(dl, ld, pieces[seg[s], 0] & _NN)
+        _delta(dl, lse, ld, pieces[seg[s], 0] & _NN)
     for x in prange(npc):
         _dst_grad(
             q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, col,

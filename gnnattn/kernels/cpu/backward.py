@@ -107,27 +107,63 @@ def _bwd_dst(
         (``None`` without ``weights`` or without a stored ``dS``).
     """
     e = _check_qkv(q, k, v, bias, ptr, col)
-    n, nh, cq = q.shape
-    cv = v.shape[2]
-    _check_rows("grad_out", grad_out, (n, nh, cv))
+    n, nh, _ = q.shape
+    _check_rows("grad_out", grad_out, (n, nh, v.shape[2]))
     _check_rows("lse", lse, (n, nh))
     drop = _check_options(dropout)
     nf = _check_edge(edge_attr, edge_query, q, e)
-    if edge_attr is None:
-        grad_edge_out = None
-    elif grad_edge_out is not None:
+    if edge_attr is not None and grad_edge_out is not None:
         _check_rows("grad_edge_out", grad_edge_out, (n, nh, nf))
     if plan is None:
         plan = _make_plan(ptr, col, k.shape[0], None)
     else:
         plan = _check_plan(plan, "plan", n, e, k.shape[0])
         _threads()
+    return dst_pass(
+        q,
+        k,
+        v,
+        lse,
+        grad_out,
+        plan,
+        scale,
+        bias,
+        drop,
+        edge_attr,
+        edge_query,
+        grad_edge_out,
+        weights,
+        need_dedge_attr,
+    )
+
+
+def dst_pass(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+    plan: CPUPlan,
+    scale: float,
+    bias: Tensor | None,
+    drop: Dropout | None,
+    edge_attr: Tensor | None,
+    edge_query: Tensor | None,
+    grad_edge_out: Tensor | None,
+    weights: bool,
+    need_dedge_attr: bool,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """:func:`_bwd_dst` on checked inputs (``drop``: ``None`` or dropping something)."""
+    n, nh, cq = q.shape
+    e = plan.num_edges
+    nf = edge_attr.shape[1] if edge_attr is not None else 0
+    if edge_attr is None:
+        grad_edge_out = None
     dt = acc_dtype(q.dtype)
     alloc = torch.empty if e else torch.zeros
     dq = alloc(n, nh * cq, dtype=dt)
+    # lse and D_i side by side; the kernels write both halves of every row.
     ld = torch.empty(n, 2 * nh, dtype=dt)
-    ld[:, :nh] = lse
-    ld[:, nh:] = 0
     # The pass writes every edge's row of these (and every target's of deq).
     keep_ds = bias is not None or edge_attr is not None
     weights = weights and keep_ds
@@ -140,7 +176,7 @@ def _bwd_dst(
     deq = alloc(n, nh * nf, dtype=dt) if edge_query is not None else None
     if e and nh:
         qq, kk, vv, go = _rows(q, dt), _rows(k, dt), _rows(v, dt), _rows(grad_out, dt)
-        ll = lse.detach().to(dt).contiguous().numpy()
+        ll = _rows(lse, dt)
         bb, sc = _bias(bias, dt, nh), _scalar(scale, dt)
         if dsp is not None:
             dd = dsp.numpy()
@@ -160,8 +196,11 @@ def _bwd_dst(
         _bwd_dst_kernel(*args, plan.ptr, plan.col, sc, w.bounds, w.limit, *outs)
         if w.pieces.shape[0]:
             _bwd_dst_pieces_kernel(*args, plan.col, sc, w.pieces, w.seg, *outs)
-    elif dea is not None:
-        dea.zero_()  # no head: no term
+    else:
+        ld[:, :nh] = lse
+        ld[:, nh:] = 0
+        if dea is not None:
+            dea.zero_()  # no head: no term
     deq_out = deq.view(n, nh, nf) if deq is not None else None
     return dq.view(n, nh, cq), ld, ds, dea, deq_out, dsp
 
@@ -209,9 +248,8 @@ def attention_bwd_src(
         ``dk`` ``[M, H, C]`` and ``dv`` ``[M, H, Cv]`` in the compute dtype.
     """
     _check_tensors(q, k, v)
-    n, nh, cq = q.shape
+    n, nh, _ = q.shape
     m, cv = k.shape[0], v.shape[2]
-    dt = acc_dtype(q.dtype)
     _check_rows("ld", ld, (n, 2 * nh))
     _check_rows("grad_out", grad_out, (n, nh, cv))
     if csc_plan is None:
@@ -240,49 +278,65 @@ def attention_bwd_src(
     elif edge_attr is not None:
         raise ValueError("Expected 'ds' from attention_bwd_dst with 'edge_attr', got None")
     drop = _check_options(dropout)
-    nf = _check_edge(edge_attr, edge_query, q, e)
-    if edge_query is None:
-        edge_attr = None  # without a query it does not enter the scores: not read here
+    _check_edge(edge_attr, edge_query, q, e)
     per_edge = bias is not None or drop is not None or ds is not None
     if per_edge and perm is None:
         raise ValueError(
             "Expected 'csc' with a 'csc_plan' made without perm= (bias, dropout and ds are "
             "read at each edge's CSR position, csc[2]), got neither"
         )
+    return src_pass(q, k, v, ld, grad_out, pl, perm, scale, bias, drop, ds, edge_attr, edge_query)
+
+
+def src_pass(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ld: Tensor,
+    grad_out: Tensor,
+    pl: CPUPlan,
+    perm: np.ndarray | None,
+    scale: float,
+    bias: Tensor | None,
+    drop: Dropout | None,
+    ds: Tensor | None,
+    edge_attr: Tensor | None,
+    edge_query: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`attention_bwd_src` on checked inputs, over the transposed CSR's plan ``pl``
+    and its ``perm`` (``None`` only without per-edge reads: no bias, dropout or ``ds``)."""
+    n, nh, cq = q.shape
+    m, cv = k.shape[0], v.shape[2]
+    e = pl.num_edges
+    dt = acc_dtype(q.dtype)
+    kept = ds is not None and ds.ndim == 2 and ds.shape[1] == 2 * nh and nh > 0
     tperm_np = perm if perm is not None else np.empty(0, np.int64)
     alloc = torch.empty if e else torch.zeros
     dk = alloc(m, nh * cq, dtype=dt)
     dv = alloc(m, nh * cv, dtype=dt)
     if e and nh:
-        qq, kk, vv, go = _rows(q, dt), _rows(k, dt), _rows(v, dt), _rows(grad_out, dt)
-        lld = ld.detach().to(dt).contiguous().numpy()
-        bb, sc = _bias(bias, dt, nh), _scalar(scale, dt)
-        key, dscale = _option_args(drop, dt)
-        dsv = ds.detach().to(dt).contiguous().numpy() if ds is not None else None
-        ea, eq = _opt_rows(edge_attr, dt), _opt_rows(edge_query, dt)
-        del nf
+        qq, go = _rows(q, dt), _rows(grad_out, dt)
+        sc = _scalar(scale, dt)
+        dsv = _rows(ds, dt) if ds is not None else None
         w = pl.work
         if kept:
             # dS and P stored: nothing to recompute (see _src_kept_segment).
             assert dsv is not None
+            args = (qq, go, dsv)
             _bwd_src_kept_kernel(
-                qq,
-                go,
-                dsv,
-                pl.ptr,
-                pl.col,
-                tperm_np,
-                sc,
-                w.bounds,
-                w.limit,
-                dk.numpy(),
-                dv.numpy(),
+                *args, pl.ptr, pl.col, tperm_np, sc, w.bounds, w.limit, dk.numpy(), dv.numpy()
             )
             if w.pieces.shape[0]:
                 _bwd_src_kept_pieces_kernel(
-                    qq, go, dsv, pl.col, tperm_np, sc, w.pieces, w.seg, dk.numpy(), dv.numpy()
+                    *args, pl.col, tperm_np, sc, w.pieces, w.seg, dk.numpy(), dv.numpy()
                 )
             return dk.view(m, nh, cq), dv.view(m, nh, cv)
+        kk, vv, lld = _rows(k, dt), _rows(v, dt), _rows(ld, dt)
+        bb = _bias(bias, dt, nh)
+        key, dscale = _option_args(drop, dt)
+        if edge_query is None:
+            edge_attr = None  # without a query it does not enter the scores: not read here
+        ea, eq = _opt_rows(edge_attr, dt), _opt_rows(edge_query, dt)
         args = (qq, kk, vv, go, lld, bb, bias is not None, key, dscale, dsv, ea, eq)
         _bwd_src_kernel(
             *args, pl.ptr, pl.col, tperm_np, sc, w.bounds, w.limit, dk.numpy(), dv.numpy()
@@ -440,13 +494,29 @@ def attention_bwd(
         edge_query=edge_query,
     )
     del dsp
+    return results(q, k, v, bias, edge_attr, dq, dk, dv, ds, *dst[3:5])
+
+
+def results(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    edge_attr: Tensor | None,
+    dq: Tensor,
+    dk: Tensor,
+    dv: Tensor,
+    ds: Tensor | None,
+    dea: Tensor | None,
+    deq: Tensor | None,
+) -> tuple[Tensor | None, ...]:
+    """:func:`attention_bwd`'s results from the passes', typed like the inputs."""
     # A view of [dS | P] when there is P: it keeps P alive as long as the
     # gradient, which a contiguous copy would allocate anew, for the same bytes.
     dbias = ds.to(bias.dtype) if bias is not None and ds is not None else None
     res = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias)
     if edge_attr is None:
         return res
-    dea, deq = dst[3:5]
     return (
         *res,
         dea.to(edge_attr.dtype) if dea is not None else None,

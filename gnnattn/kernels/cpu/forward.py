@@ -53,6 +53,7 @@ from .plans import (
     _make_plan,
     _opt_rows,
     _option_args,
+    _Plan,
     _rows,
     _scalar,
     _threads,
@@ -305,12 +306,35 @@ def attention_fwd(
     """
     e = _check_qkv(q, k, v, bias, ptr, col)
     drop = _check_options(dropout)
-    nf = _check_edge(edge_attr, edge_query, q, e)
+    _check_edge(edge_attr, edge_query, q, e)
     if plan is None:
         plan = _make_plan(ptr, col, k.shape[0], None)
     else:
         plan = _check_plan(plan, "plan", q.shape[0], e, k.shape[0])
         _threads()
+    return forward(q, k, v, plan.ptr, plan.col, plan.work, scale, bias, drop, edge_attr, edge_query)
+
+
+def forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ptr: np.ndarray,
+    col: np.ndarray,
+    work: _Plan,
+    scale: float,
+    bias: Tensor | None,
+    drop: Dropout | None,
+    edge_attr: Tensor | None,
+    edge_query: Tensor | None,
+) -> tuple[Tensor, ...]:
+    """:func:`attention_fwd` on inputs that were checked (by it, or by the operator that
+    validated the call: :mod:`.op`), over a checked CSR's arrays and their split.
+
+    ``drop`` is ``None`` or drops something (``threshold > 0``). The results are
+    new tensors, contiguous, sharing memory with no input.
+    """
+    nf = edge_attr.shape[1] if edge_attr is not None else 0
     dt = acc_dtype(q.dtype)
     n, nh, cv = q.shape[0], q.shape[1], v.shape[2]
     out = torch.empty(n, nh * cv, dtype=dt)
@@ -322,48 +346,12 @@ def attention_fwd(
         key, dscale = _option_args(drop, dt)
         ea, eq = _opt_rows(edge_attr, dt), _opt_rows(edge_query, dt)
         eo_np = eo.numpy() if eo is not None else None
-        w, o, ls = plan.work, out.numpy(), lse.numpy()
+        o, ls = out.numpy(), lse.numpy()
         has_bias = bias is not None
-        _fwd_kernel(
-            qq,
-            kk,
-            vv,
-            bb,
-            has_bias,
-            key,
-            dscale,
-            ea,
-            eq,
-            nf,
-            plan.ptr,
-            plan.col,
-            sc,
-            w.bounds,
-            w.limit,
-            o,
-            ls,
-            eo_np,
-        )
-        if w.pieces.shape[0]:
-            _fwd_pieces_kernel(
-                qq,
-                kk,
-                vv,
-                bb,
-                has_bias,
-                key,
-                dscale,
-                ea,
-                eq,
-                nf,
-                plan.col,
-                sc,
-                w.pieces,
-                w.seg,
-                o,
-                ls,
-                eo_np,
-            )
+        args = (qq, kk, vv, bb, has_bias, key, dscale, ea, eq, nf)
+        _fwd_kernel(*args, ptr, col, sc, work.bounds, work.limit, o, ls, eo_np)
+        if work.pieces.shape[0]:
+            _fwd_pieces_kernel(*args, col, sc, work.pieces, work.seg, o, ls, eo_np)
     res = out.view(n, nh, cv).to(q.dtype)
     if eo is None:
         return res, lse

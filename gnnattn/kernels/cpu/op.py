@@ -1,0 +1,104 @@
+"""The attention operator's CPU entry: one call per pass, on inputs the caller validated.
+
+:mod:`gnnattn.kernels.library`'s ops call these with what their schemas
+hold: the graph's layouts and the packed plans that
+:func:`~.plans.csr_plan_tensors` made when the graph was built (its indices
+checked then). :func:`gnnattn.attention` validated the call's tensors once,
+before any op ran; so nothing here checks or plans, and the public kernels'
+checks (:func:`~.forward.attention_fwd`, :func:`~.backward.attention_bwd`) are
+not repeated per call. On a batch of molecules those checks and conversions
+cost as much as the kernels themselves.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..common import Dropout
+from .backward import dst_pass, results, src_pass
+from .forward import forward
+from .plans import CPUPlan, _Plan, _threads
+
+__all__ = ["attention_bwd_op", "attention_fwd_op"]
+
+
+def _plan(ptr: Tensor, col: Tensor, packed: Tensor, perm: Tensor | None = None) -> CPUPlan:
+    """The :class:`CPUPlan` of a graph's layout and packed split (views, nothing scanned)."""
+    work = _Plan.unpack(packed.numpy(), col.shape[0])
+    pm = perm.contiguous().numpy() if perm is not None else None
+    return CPUPlan(ptr.contiguous().numpy(), col.contiguous().numpy(), pm, 0, 0, work)
+
+
+def _dropping(dropout: Dropout | None) -> Dropout | None:
+    # p so small that no 24-bit draw falls under it drops nothing: the kernels'
+    # specialisation without dropout.
+    return dropout if dropout is not None and dropout.threshold > 0 else None
+
+
+def attention_fwd_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ptr: Tensor,
+    col: Tensor,
+    plan: Tensor,
+    bias: Tensor | None,
+    edge_attr: Tensor | None,
+    edge_query: Tensor | None,
+    dropout: Dropout | None,
+    scale: float,
+) -> tuple[Tensor, ...]:
+    """:func:`~.forward.attention_fwd` over a graph's CSR and its packed ``plan``,
+    unchecked; the results are new contiguous tensors."""
+    _threads()
+    pl = _plan(ptr, col, plan)
+    drop = _dropping(dropout)
+    return forward(q, k, v, pl.ptr, pl.col, pl.work, scale, bias, drop, edge_attr, edge_query)
+
+
+def attention_bwd_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+    layouts: tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor],
+    bias: Tensor | None,
+    edge_attr: Tensor | None,
+    edge_query: Tensor | None,
+    grad_edge_out: Tensor | None,
+    dropout: Dropout | None,
+    scale: float,
+    need_dedge_attr: bool,
+) -> tuple[Tensor | None, ...]:
+    """:func:`~.backward.attention_bwd` over a graph's ``layouts`` ``(ptr, col, plan,
+    tptr, trow, tperm, csc_plan)`` (both plans made), unchecked; the results are new
+    contiguous tensors (``None`` where :func:`~.backward.attention_bwd` gives none)."""
+    ptr, col, plan, tptr, trow, tperm, csc_plan = layouts
+    _threads()
+    drop = _dropping(dropout)
+    dst = dst_pass(
+        q,
+        k,
+        v,
+        lse,
+        grad_out,
+        _plan(ptr, col, plan),
+        scale,
+        bias,
+        drop,
+        edge_attr,
+        edge_query,
+        grad_edge_out,
+        True,
+        need_dedge_attr,
+    )
+    dq, ld, ds, dea, deq, dsp = dst
+    csc = _plan(tptr, trow, csc_plan, tperm)
+    dk, dv = src_pass(
+        q, k, v, ld, grad_out, csc, csc.perm, scale, bias, drop, dsp, edge_attr, edge_query
+    )
+    del dsp, dst
+    res = results(q, k, v, bias, edge_attr, dq, dk, dv, ds, dea, deq)
+    # dS views the [dS | P] buffer: the op's results are contiguous.
+    return tuple(t.contiguous() if t is not None else None for t in res)
