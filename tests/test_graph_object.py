@@ -115,12 +115,14 @@ def test_explicit_edges_detected_once_and_pruned_once(monkeypatch):
 
 @pytest.mark.parametrize("host", [True, False], ids=["numba", "torch"])
 def test_transposed_csr_built_once_per_graph(monkeypatch, host):
+    import gnnattn.kernels.cpu as cpu_module
+
     calls = []
+    # Every graph's backward over the transposed CSR (not the small graphs' serial pass).
+    monkeypatch.setattr(cpu_module, "SERIAL_SOURCE_PASS_MAX", 0)
     # On the host the CSC is made with its plan in one compiled pass; elsewhere
     # (and under compile) by transpose_csr.
     if host:
-        import gnnattn.kernels.cpu as cpu_module
-
         owner, name = cpu_module, "csc_plan_tensors"
     else:
         monkeypatch.setattr(graph_module, "_on_host", lambda t: False)
@@ -144,6 +146,28 @@ def test_transposed_csr_built_once_per_graph(monkeypatch, host):
     for _ in range(2):
         layer(torch.randn(12, D, dtype=torch.float64, requires_grad=True), ei).sum().backward()
     assert len(calls) == 3
+
+
+def test_small_graph_backward_makes_no_transposed_csr(monkeypatch):
+    """A graph of little work (a batch of molecules) has its backward's source pass done
+    over the CSR: its transposed CSR is never made, and the gradients are those of the
+    pass over it."""
+    import gnnattn.kernels.cpu as cpu_module
+
+    layer = layer64(backend="fused")
+    ei = random_graph(12, 50)
+    x = torch.randn(12, D, dtype=torch.float64)
+    grads = []
+    for limit in (cpu_module.SERIAL_SOURCE_PASS_MAX, 0):
+        monkeypatch.setattr(cpu_module, "SERIAL_SOURCE_PASS_MAX", limit)
+        graph = AttentionGraph(ei, 12)
+        xx = x.clone().requires_grad_()
+        layer(xx, graph).sum().backward()
+        assert (graph._csc is None) == (limit > 0)
+        grads.append([xx.grad, *(p.grad.clone() for p in layer.parameters())])
+        layer.zero_grad()
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
 
 
 # --------------------------------------------------------------------------- equality

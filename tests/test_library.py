@@ -104,6 +104,42 @@ def test_eager_path_equals_the_op(name: str) -> None:
         assert torch.equal(attention(*args)[0], results[1][0])
 
 
+@pytest.mark.skipif(DEV != "cpu", reason="the serial source pass is the CPU kernels'")
+@pytest.mark.parametrize("name", list(_graphs()))
+@pytest.mark.parametrize("options", ["", "bias+dropout", "edge+dropout+bias"])
+def test_backward_without_the_transposed_csr(name: str, options: str, monkeypatch) -> None:
+    """Given no transposed CSR, the op's backward does a small graph's source pass
+    serially over the CSR, and makes the transposed CSR of a larger one: the gradients
+    are those over the graph's transposed CSR: bitwise where both passes read the
+    stored ``dS`` and ``P`` (a bias or edge features: each source's terms come in the
+    same order), up to rounding where the pass over the transposed CSR recomputes
+    them or sums a hub's terms in pieces."""
+    import gnnattn.kernels.cpu as cpu
+
+    args = _attention_args(name, options, True, torch.float64)
+    no_csc = (*args[:6], None, None, None, args[5].new_empty(0), *args[10:])
+    results = []
+    for limit, inputs in [(None, args), (cpu.SERIAL_SOURCE_PASS_MAX, no_csc), (0, no_csc)]:
+        if limit is not None:
+            monkeypatch.setattr(cpu.op, "SERIAL_SOURCE_PASS_MAX", limit)
+        leaves = [
+            a.detach().requires_grad_()
+            if isinstance(a, torch.Tensor) and a.is_floating_point()
+            else a
+            for a in inputs
+        ]
+        out, _, eo = torch.ops.gnnattn.attention_fwd(*leaves)
+        g = torch.Generator().manual_seed(3)
+        (out * torch.randn(out.shape, generator=g, dtype=out.dtype)).sum().add(eo.sum()).backward()
+        results.append([t.grad for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad])
+    for got in results[1:]:
+        for a, b in zip(results[0], got, strict=True):
+            if name == "hub" or not options:
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+            else:
+                assert torch.equal(a, b)
+
+
 def test_traced_and_vmapped_calls_take_the_op() -> None:
     """Under torch.jit.trace and vmap the op runs (the eager shortcut would be traced
     as constants, and has no batching rule)."""

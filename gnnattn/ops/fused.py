@@ -80,7 +80,7 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
     # exist, not in the backward, where its sort would add to the peak memory.
     tptr = trow = tperm = None
     csc_plan = ptr.new_empty(0)
-    if backward:
+    if backward and _needs_csc(q, v, graph):
         tptr, trow, tperm = graph.kernel_layout("csc")
         csc_plan = graph.kernel_plan("csc")
     out, lse, eo = library.attention(
@@ -106,6 +106,17 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
         out = out + torch.bmm(eo.transpose(0, 1), wv.transpose(1, 2)).transpose(0, 1)  # (N, H, Cv)
     weights = _weights(qc, kc, graph, scale, lse, bc, eac, eqc) if a.need_weights else None
     return out.to(q.dtype), lse, (weights.to(q.dtype) if weights is not None else None)
+
+
+def _needs_csc(q: Tensor, v: Tensor, graph: AttentionGraph) -> bool:
+    """Whether the backward takes the transposed CSR: not where the device's kernels
+    do a small graph's source pass over the CSR (``SERIAL_SOURCE_PASS_MAX``: on the
+    CPU, a batch of molecules), so that a graph made per step never makes one. A
+    compiled call keeps the one path whatever the size (no guard on it)."""
+    limit = getattr(kernels.get(q.device), "SERIAL_SOURCE_PASS_MAX", 0)
+    if torch.compiler.is_compiling():
+        return True
+    return graph.num_edges * q.shape[1] * (q.shape[2] + v.shape[2]) > limit
 
 
 @torch.no_grad()

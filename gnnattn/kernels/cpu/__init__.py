@@ -59,7 +59,12 @@ from __future__ import annotations
 
 from ._random import dropout_bits
 from ._simd import exp32
-from .backward import attention_bwd, attention_bwd_dst, attention_bwd_src
+from .backward import (
+    SERIAL_SOURCE_PASS_MAX,
+    attention_bwd,
+    attention_bwd_dst,
+    attention_bwd_src,
+)
 from .dropout import dropout, relu_dropout, relu_dropout_bwd
 from .forward import attention_fwd
 from .op import attention_bwd_op, attention_fwd_op
@@ -76,6 +81,7 @@ from .softmax import segment_ptr, segment_softmax_bwd, segment_softmax_fwd
 __all__ = [
     "BACKWARD_READS_OUTPUT",
     "CPUPlan",
+    "SERIAL_SOURCE_PASS_MAX",
     "attention_bwd",
     "attention_bwd_op",
     "attention_bwd_dst",

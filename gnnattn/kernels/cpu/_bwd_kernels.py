@@ -78,7 +78,7 @@ from ._edge import (
     _uses_order,
     _weight,
 )
-from ._simd import _AHEAD, _INLINE, _JIT, _NN, _axpy, _dot, _prefetch, _prefetch_row
+from ._simd import _AHEAD, _INLINE, _JIT, _NN, _SERIAL, _axpy, _dot, _prefetch, _prefetch_row
 
 # Edges per target whose weights the destination pass keeps for its second sweep.
 _CACHE = 512
@@ -485,3 +485,23 @@ def _bwd_src_kept_pieces_kernel(
             for x in range(seg[s] & _NN, seg[s + 1]):
                 d += pv[x, c]
             dv[j, c] = d
+
+
+@numba.njit(**_SERIAL)
+def _bwd_src_scatter_kernel(q, dout, dsp, ptr, col, scale, dk, dv):  # pragma: no cover
+    """The source pass of a small graph, from the stored ``dS`` and ``P``, on one thread
+    over the CSR, with no transposed CSR: ``dk_j += scale dS_ij q_i`` and ``dv_j +=
+    P_ij dout_i`` edge by edge into the zeroed ``dk``, ``dv``. Each source's terms
+    come in CSR order, the order of its segment of the transposed CSR, so the
+    sums are those of :func:`_bwd_src_kept_kernel` (outside hub pieces)."""
+    nh = dsp.shape[1] // 2
+    cq = q.shape[1] // nh
+    cv = dout.shape[1] // nh
+    for i in range(ptr.shape[0] - 1):
+        for e in range(ptr[i] & _NN, ptr[i + 1]):
+            j = col[e] & _NN
+            ak = dk[j]
+            av = dv[j]
+            for h in range(nh):
+                _axpy(av, dsp[e, nh + h], dout, i, h * cv, cv)
+                _axpy(ak, dsp[e, h] * scale, q, i, h * cq, cq)

@@ -44,10 +44,12 @@ from . import _cache  # noqa: F401  (before any kernel: the cache's freshness st
 _NEG_INF = -np.inf
 # No 'nnan'/'ninf': the kernels compare with -inf and rely on exp(-inf) = 0.
 _FAST = frozenset({"reassoc", "contract", "nsz", "arcp"})
-#: The options of a kernel (a ``prange`` loop) and of an inlined helper.
+#: The options of a kernel (a ``prange`` loop), of a serial kernel and of an inlined helper.
 _JIT: Mapping[str, Any] = MappingProxyType(
     dict(parallel=True, cache=True, nogil=True, fastmath=set(_FAST))
 )
+#: A kernel that runs on the calling thread (work too small to share).
+_SERIAL: Mapping[str, Any] = MappingProxyType(dict(cache=True, nogil=True, fastmath=set(_FAST)))
 _INLINE: Mapping[str, Any] = MappingProxyType(
     dict(cache=True, inline="always", fastmath=set(_FAST))
 )

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from ...graphs.csr import transpose_csr
 from ..common import Dropout
-from .backward import dst_pass, results, src_pass
+from .backward import SERIAL_SOURCE_PASS_MAX, dst_pass, results, src_pass, src_serial
 from .forward import forward
-from .plans import CPUPlan, _Plan, _threads
+from .plans import CPUPlan, _make_plan, _Plan, _threads
 
 __all__ = ["attention_bwd_op", "attention_fwd_op"]
 
@@ -62,7 +63,7 @@ def attention_bwd_op(
     v: Tensor,
     lse: Tensor,
     grad_out: Tensor,
-    layouts: tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor],
+    layouts: tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor],
     bias: Tensor | None,
     edge_attr: Tensor | None,
     edge_query: Tensor | None,
@@ -72,18 +73,33 @@ def attention_bwd_op(
     need_dedge_attr: bool,
 ) -> tuple[Tensor | None, ...]:
     """:func:`~.backward.attention_bwd` over a graph's ``layouts`` ``(ptr, col, plan,
-    tptr, trow, tperm, csc_plan)`` (both plans made), unchecked; the results are new
-    contiguous tensors (``None`` where :func:`~.backward.attention_bwd` gives none)."""
+    tptr, trow, tperm, csc_plan)`` (``plan`` made), unchecked; the results are new
+    contiguous tensors (``None`` where :func:`~.backward.attention_bwd` gives none).
+
+    Without the transposed CSR (``tptr`` ``None`` or ``csc_plan`` empty), a graph
+    of at most :data:`~.backward.SERIAL_SOURCE_PASS_MAX` work takes the serial
+    source pass over the CSR (:func:`~.backward.src_serial`); a larger one has
+    its transposed CSR made here.
+    """
     ptr, col, plan, tptr, trow, tperm, csc_plan = layouts
     _threads()
     drop = _dropping(dropout)
+    n, h = q.shape[0], q.shape[1]
+    m = k.shape[0]
+    csr = _plan(ptr, col, plan)
+    csc = None
+    if tptr is not None and trow is not None and tperm is not None and csc_plan.numel():
+        csc = _plan(tptr, trow, csc_plan, tperm)
+    elif col.shape[0] * h * (q.shape[2] + v.shape[2]) > SERIAL_SOURCE_PASS_MAX:
+        tptr, trow, tperm = transpose_csr(ptr, col, m)
+        csc = _make_plan(tptr, trow, n, tperm, check=False)
     dst = dst_pass(
         q,
         k,
         v,
         lse,
         grad_out,
-        _plan(ptr, col, plan),
+        csr,
         scale,
         bias,
         drop,
@@ -92,13 +108,17 @@ def attention_bwd_op(
         grad_edge_out,
         True,
         need_dedge_attr,
+        store=csc is None,
     )
     dq, ld, ds, dea, deq, dsp = dst
-    csc = _plan(tptr, trow, csc_plan, tperm)
-    dk, dv = src_pass(
-        q, k, v, ld, grad_out, csc, csc.perm, scale, bias, drop, dsp, edge_attr, edge_query
-    )
-    del dsp, dst
+    del dst
+    if csc is None:
+        assert dsp is not None
+        dk, dv = src_serial(q, grad_out, dsp, csr, scale, m)
+    else:
+        args = (scale, bias, drop, dsp, edge_attr, edge_query)
+        dk, dv = src_pass(q, k, v, ld, grad_out, csc, csc.perm, *args)
+    del dsp
     res = results(q, k, v, bias, edge_attr, dq, dk, dv, ds, dea, deq)
     # dS views the [dS | P] buffer: the op's results are contiguous.
     return tuple(t.contiguous() if t is not None else None for t in res)
