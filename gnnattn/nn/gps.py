@@ -595,22 +595,31 @@ class GPSConv(torch.nn.Module):
             )
         if n == 0:
             return AttentionGraph.complete(lengths=[], device=x.device)
-        b = b.long()
-        # Clamped so that a negative id reaches the check below instead of
-        # bincount's error.
-        counts = torch.bincount(b.clamp_min(0))
-        flags = torch.stack([(b[1:] < b[:-1]).any(), b[0] < 0]).long()
-        host = torch.cat([flags, counts]).tolist()
-        if host[0]:
+        if b.device.type == "cpu":
+            # One compiled pass (the torch ops below are six, on a batch of molecules
+            # a twentieth of a GPSConv step).
+            from ..kernels.cpu.host import batch_lengths
+
+            lengths = batch_lengths(b)
+            unsorted, negative = lengths == "unsorted", lengths == "negative"
+        else:
+            b = b.long()
+            # Clamped so that a negative id reaches the check below instead of
+            # bincount's error.
+            counts = torch.bincount(b.clamp_min(0))
+            flags = torch.stack([(b[1:] < b[:-1]).any(), b[0] < 0]).long()
+            host = torch.cat([flags, counts]).tolist()
+            unsorted, negative, lengths = bool(host[0]), bool(host[1]), host[2:]
+        if unsorted:
             raise ValueError(
                 "Expected 'batch' to be sorted (the nodes of one graph contiguous, as in a "
                 "PyG Batch), got an unsorted vector; sort the nodes by graph first"
             )
-        if host[1]:
+        if negative:
             raise ValueError(f"Expected 'batch' to hold graph ids >= 0, got {int(b.min())}")
         # Ids that no node carries (gaps) are empty graphs: PyG's to_dense_batch
         # drops their all-padding rows, so they have no block here.
-        return AttentionGraph.complete(lengths=[c for c in host[2:] if c], device=x.device)
+        return AttentionGraph.complete(lengths=[c for c in lengths if c], device=x.device)
 
     def __repr__(self) -> str:
         return (

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -87,66 +86,34 @@ class SDPAPlan(NamedTuple):
     take: Tensor
 
 
-def _groups(lengths: tuple[int, ...]) -> tuple[list[int], list[tuple[int, int]]]:
-    """Block ids sorted by length (longest first) and ``[start, end)`` runs of
-    them whose padding is at most :data:`MAX_PADDING` of the run's pairs."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    runs = []
-    i = 0
-    while i < len(order):
-        top = lengths[order[i]]
-        real = 0
-        j = i
-        # Greedy: a shorter block only adds padding, so the run stops at the
-        # first one that would take it past the bound.
-        while j < len(order):
-            t = lengths[order[j]]
-            if real + t * t < (1.0 - MAX_PADDING) * (j - i + 1) * top * top:
-                break
-            real += t * t
-            j += 1
-        runs.append((i, j))
-        i = j
-    return order, runs
-
-
 def sdpa_plan(lengths: tuple[int, ...], device: torch.device) -> SDPAPlan:
     """The buckets of blocks of ``lengths`` and their gather indices on ``device``.
+
+    Blocks sorted by length (longest first, ties in block order) and grouped
+    greedily: a bucket takes the next block unless that takes its padded pairs
+    past :data:`MAX_PADDING` of its pairs. Made in one compiled pass on the
+    host (:func:`gnnattn.kernels.cpu.host.buckets`): a batch of molecules makes
+    a new plan per step, where a dozen numpy ops cost a twentieth of it.
 
     Example:
         >>> plan = sdpa_plan((3, 1, 10, 9), torch.device("cpu"))
         >>> [(b.blocks, b.length) for b in plan.buckets]
         [(2, 10), (1, 3), (1, 1)]
     """
-    order, runs = _groups(lengths)
-    # numpy: a batch of molecules makes a new plan per step, and these are a
-    # dozen ops on arrays of a few thousand ints (a microsecond each in numpy,
-    # several in torch).
-    lens = np.asarray(lengths, dtype=np.int64)
-    blk = np.asarray(order, dtype=np.int64)  # block ids, longest first
-    blen = lens[blk]
-    tops = [lengths[order[i]] for i, _ in runs]
-    counts = [j - i for i, j in runs]
-    # Every position of every padded block at once: its block, its offset.
-    pad = np.repeat(np.asarray(tops, dtype=np.int64), counts)  # (B,)
-    first = np.cumsum(pad) - pad
-    bid = np.repeat(np.arange(len(order)), pad)  # (P,)
-    pos = np.arange(int(pad.sum())) - first[bid]
-    valid = pos < blen[bid]
-    # Clamped to the block's last row: a real, finite row of the same block.
-    starts = np.cumsum(lens) - lens
-    rows = starts[blk][bid] + np.minimum(pos, blen[bid] - 1)
-    take = np.empty(len(rows) and int(lens.sum()), dtype=np.int64)
-    take[rows[valid]] = np.arange(rows.size)[valid]
+    from ..kernels.cpu.host import buckets as make
+
+    tops, counts, rows, take, valid = make(lengths, MAX_PADDING)
     buckets = []
-    ends = np.cumsum([b * t for b, t in zip(counts, tops, strict=True)], dtype=np.int64)
-    parts = np.split(valid, ends[:-1]) if runs else []
-    for (i, j), t, ok in zip(runs, tops, parts, strict=True):
-        full = lengths[order[j - 1]] == t
-        mask = None if full else torch.from_numpy(ok.reshape(j - i, t)).to(device)
-        buckets.append(SDPABucket(j - i, t, mask))
-    rows_t, take_t = torch.from_numpy(rows), torch.from_numpy(take)
-    return SDPAPlan(tuple(buckets), rows_t.to(device), take_t.to(device))
+    at = 0
+    for t, b in zip(tops.tolist(), counts.tolist(), strict=True):
+        ok = valid[at : at + b * t]
+        at += b * t
+        # Full when the bucket's shortest (last) block has its length.
+        mask = None if ok[-1] else torch.from_numpy(ok.reshape(b, t)).to(device)
+        buckets.append(SDPABucket(b, t, mask))
+    return SDPAPlan(
+        tuple(buckets), torch.from_numpy(rows).to(device), torch.from_numpy(take).to(device)
+    )
 
 
 def _bucket_mask(
