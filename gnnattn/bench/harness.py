@@ -70,7 +70,7 @@ MODE_LABEL = MappingProxyType(
     {
         "fwd": "forward",
         "fwdbwd": "forward+backward",
-        "step": "training step (forward, backward, optimizer step)",
+        "step": "whole step as named (forward, backward; a train step also the optimizer)",
     }
 )
 
