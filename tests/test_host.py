@@ -18,7 +18,8 @@ def test_batch_lengths(dtype):
     assert batch_lengths(torch.zeros(0, dtype=dtype)) == []
     assert batch_lengths(torch.tensor([0, 1, 0], dtype=dtype)) == "unsorted"
     assert batch_lengths(torch.tensor([-1, 0, 1], dtype=dtype)) == "negative"
-    assert batch_lengths(torch.tensor([1, 0, -1], dtype=dtype)) == "negative"
+    assert batch_lengths(torch.tensor([1, 0, -1], dtype=dtype)) == "unsorted"  # order first
+    assert batch_lengths(torch.tensor([-2, -1, 0], dtype=dtype)) == "negative"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])

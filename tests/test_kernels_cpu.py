@@ -587,6 +587,7 @@ def test_cpu_has_the_reference_api():
             "plan_tensors",
             "relu_dropout",
             "relu_dropout_bwd",
+            "serial_source_pass",
         ]
     )
 

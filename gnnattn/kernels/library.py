@@ -267,7 +267,12 @@ def _attention_bwd(
         )
         # Four results without edge features, six with (d edge_attr, d edge_query).
         dea, deq = grads[4:] if edge_attr is not None else (None, None)
-        return tuple(t if t is not None else _empty(q) for t in (*grads[:4], dea, deq))
+
+        def given(t: Tensor | None) -> Tensor:
+            return t if t is not None else _empty(q)
+
+        dq, dk, dv, dbias = grads[:4]
+        return given(dq), given(dk), given(dv), given(dbias), given(dea), given(deq)
     pl = plan_from_tensors(kern, ptr, col, k.shape[0], plan, None)
     layout: dict[str, Any] = {}
     if tptr is not None and trow is not None and tperm is not None:

@@ -600,8 +600,9 @@ class GPSConv(torch.nn.Module):
             # a twentieth of a GPSConv step).
             from ..kernels.cpu.host import batch_lengths
 
-            lengths = batch_lengths(b)
-            unsorted, negative = lengths == "unsorted", lengths == "negative"
+            found = batch_lengths(b)
+            unsorted, negative = found == "unsorted", found == "negative"
+            lengths = found if isinstance(found, list) else []
         else:
             b = b.long()
             # Clamped so that a negative id reaches the check below instead of

@@ -110,13 +110,13 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
 
 def _needs_csc(q: Tensor, v: Tensor, graph: AttentionGraph) -> bool:
     """Whether the backward takes the transposed CSR: not where the device's kernels
-    do a small graph's source pass over the CSR (``SERIAL_SOURCE_PASS_MAX``: on the
-    CPU, a batch of molecules), so that a graph made per step never makes one. A
-    compiled call keeps the one path whatever the size (no guard on it)."""
-    limit = getattr(kernels.get(q.device), "SERIAL_SOURCE_PASS_MAX", 0)
-    if torch.compiler.is_compiling():
+    do a small graph's source pass serially over the CSR (``serial_source_pass``: on
+    the CPU, a batch of molecules), so that a graph made per step never makes one. A
+    compiled call always passes it (no guard on the graph's size)."""
+    serial = getattr(kernels.get(q.device), "serial_source_pass", None)
+    if serial is None or torch.compiler.is_compiling():
         return True
-    return graph.num_edges * q.shape[1] * (q.shape[2] + v.shape[2]) > limit
+    return not serial(graph.num_edges, q.shape[1], q.shape[2], v.shape[2])
 
 
 @torch.no_grad()

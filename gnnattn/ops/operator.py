@@ -308,8 +308,8 @@ def _sdpa_safe(q: Tensor, k: Tensor, v: Tensor, scale: float) -> bool:
     """
     if torch.compiler.is_compiling():
         return True
-    if q.device.type == "cpu":
-        return _cpu_safe(q, k, v, scale)
+    if q.device.type == "cpu" and _cpu_safe(q, k, v, scale):
+        return True
     ends = [torch.stack(torch.aminmax(t)) for t in (q, k, v) if t.numel()]
     if not ends:
         return True
@@ -323,16 +323,16 @@ def _sdpa_safe(q: Tensor, k: Tensor, v: Tensor, scale: float) -> bool:
     return bound < torch.finfo(acc_dtype(q.dtype)).max
 
 
-def _cpu_safe(q: Tensor, k: Tensor, v: Tensor, scale: float) -> bool:
-    """:func:`_sdpa_safe` on the CPU, one compiled pass per tensor: with the 2-norms,
-    upper bounds of ``max |q|`` and ``max |k|`` (an inf or a NaN makes one non-finite),
-    so the bound is looser and a call past it still goes to the fused kernel. On a
-    batch of molecules the ``aminmax`` version's ten ops were a twentieth of a
-    GPSConv step."""
+def _cpu_safe(q: Tensor, k: Tensor, v: Tensor, scale: float) -> bool | None:
+    """:func:`_sdpa_safe`'s answer when one compiled pass per tensor settles it, else
+    ``None``. The 2-norms (:func:`gnnattn.kernels.cpu.host.norm_bound`) bound ``max
+    |q|`` and ``max |k|`` from above, so a call under the bound with them is under it
+    with the maxima: safe. Past it, or non-finite, the exact rule decides. On a batch
+    of molecules the exact rule's ten ops were a twentieth of a GPSConv step."""
     from ..kernels.cpu.host import norm_bound
 
     nq, nk, nv = norm_bound(q), norm_bound(k), norm_bound(v)
     if not (math.isfinite(nq) and math.isfinite(nk) and math.isfinite(nv)):
-        return False
+        return None
     bound = q.shape[-1] * nq * nk * max(1.0, abs(scale))
-    return bound < torch.finfo(acc_dtype(q.dtype)).max
+    return True if bound < torch.finfo(acc_dtype(q.dtype)).max else None

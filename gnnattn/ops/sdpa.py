@@ -109,7 +109,7 @@ def sdpa_plan(lengths: tuple[int, ...], device: torch.device) -> SDPAPlan:
         ok = valid[at : at + b * t]
         at += b * t
         # Full when the bucket's shortest (last) block has its length.
-        mask = None if ok[-1] else torch.from_numpy(ok.reshape(b, t)).to(device)
+        mask = None if not ok.size or ok[-1] else torch.from_numpy(ok.reshape(b, t)).to(device)
         buckets.append(SDPABucket(b, t, mask))
     return SDPAPlan(
         tuple(buckets), torch.from_numpy(rows).to(device), torch.from_numpy(take).to(device)

@@ -60,10 +60,10 @@ from __future__ import annotations
 from ._random import dropout_bits
 from ._simd import exp32
 from .backward import (
-    SERIAL_SOURCE_PASS_MAX,
     attention_bwd,
     attention_bwd_dst,
     attention_bwd_src,
+    serial_source_pass,
 )
 from .dropout import dropout, relu_dropout, relu_dropout_bwd
 from .forward import attention_fwd
@@ -81,7 +81,6 @@ from .softmax import segment_ptr, segment_softmax_bwd, segment_softmax_fwd
 __all__ = [
     "BACKWARD_READS_OUTPUT",
     "CPUPlan",
-    "SERIAL_SOURCE_PASS_MAX",
     "attention_bwd",
     "attention_bwd_op",
     "attention_bwd_dst",
@@ -101,6 +100,7 @@ __all__ = [
     "segment_ptr",
     "segment_softmax_bwd",
     "segment_softmax_fwd",
+    "serial_source_pass",
 ]
 
 #: Whether ``attention_bwd`` reads the forward's ``out`` (and ``edge_out``): no, it

@@ -38,7 +38,7 @@ from .plans import (
     _threads,
 )
 
-__all__ = ["SERIAL_SOURCE_PASS_MAX", "attention_bwd", "attention_bwd_dst", "attention_bwd_src"]
+__all__ = ["attention_bwd", "attention_bwd_dst", "attention_bwd_src", "serial_source_pass"]
 
 #: The most work ``E * H * (C + Cv)`` (multiply-adds) whose source pass runs on one
 #: thread over the CSR (:func:`src_serial`) instead of over the transposed CSR.
@@ -48,6 +48,12 @@ __all__ = ["SERIAL_SOURCE_PASS_MAX", "attention_bwd", "attention_bwd_dst", "atte
 #: construction included; on a graph reused with its transposed CSR, level up to
 #: 16M. Kept at 1M (128 molecules): on more cores the parallel pass gains.
 SERIAL_SOURCE_PASS_MAX = 1 << 20
+
+
+def serial_source_pass(num_edges: int, heads: int, channels: int, value_channels: int) -> bool:
+    """Whether a graph's backward does its source pass serially over the CSR (its work is
+    at most :data:`SERIAL_SOURCE_PASS_MAX`), needing no transposed CSR."""
+    return num_edges * heads * (channels + value_channels) <= SERIAL_SOURCE_PASS_MAX
 
 
 def attention_bwd_dst(
@@ -350,13 +356,13 @@ def src_pass(
         if edge_query is None:
             edge_attr = None  # without a query it does not enter the scores: not read here
         ea, eq = _opt_rows(edge_attr, dt), _opt_rows(edge_query, dt)
-        args = (qq, kk, vv, go, lld, bb, bias is not None, key, dscale, dsv, ea, eq)
+        full = (qq, kk, vv, go, lld, bb, bias is not None, key, dscale, dsv, ea, eq)
         _bwd_src_kernel(
-            *args, pl.ptr, pl.col, tperm_np, sc, w.bounds, w.limit, dk.numpy(), dv.numpy()
+            *full, pl.ptr, pl.col, tperm_np, sc, w.bounds, w.limit, dk.numpy(), dv.numpy()
         )
         if w.pieces.shape[0]:
             _bwd_src_pieces_kernel(
-                *args, pl.col, tperm_np, sc, w.pieces, w.seg, dk.numpy(), dv.numpy()
+                *full, pl.col, tperm_np, sc, w.pieces, w.seg, dk.numpy(), dv.numpy()
             )
     return dk.view(m, nh, cq), dv.view(m, nh, cv)
 

@@ -1,5 +1,5 @@
 """Host-side scans of a call's small inputs, compiled: a batch vector's graph sizes, a
-tensor's size bound, the buckets of blocks of different lengths.
+tensor's 2-norm, the buckets of blocks of different lengths.
 
 Each replaces a dozen torch or numpy ops, each a separate pass with its own
 dispatch and allocation. On a batch of molecules (a GPSConv step of a few
@@ -24,27 +24,28 @@ __all__ = ["batch_lengths", "buckets", "norm_bound"]
 
 @numba.njit(cache=True, nogil=True)
 def _batch_lengths(b: np.ndarray) -> tuple:  # pragma: no cover - compiled
-    """``(sorted, first negative position or -1, counts)`` of a batch vector."""
+    """``(sorted, negative, counts)`` of a batch vector: the order is checked first (an
+    unsorted vector is that, whatever its ids), then the sign of the first id."""
     n = b.shape[0]
-    for i in range(n):
-        if b[i] < 0:
-            return False, i, np.zeros(0, np.int64)
     for i in range(1, n):
         if b[i] < b[i - 1]:
-            return False, -1, np.zeros(0, np.int64)
+            return False, False, np.zeros(0, np.int64)
+    if n and b[0] < 0:
+        return True, True, np.zeros(0, np.int64)
     counts = np.zeros(b[n - 1] + 1 if n else 0, np.int64)
     for i in range(n):
         counts[b[i] & _NN] += 1
-    return True, -1, counts
+    return True, False, counts
 
 
 def batch_lengths(batch: Tensor) -> list[int] | str:
     """The node count of each graph of a sorted PyG ``batch`` vector (on the CPU), or why
-    it is not one: ``"unsorted"`` or ``"negative"``. Ids no node carries count 0."""
-    ok, neg, counts = _batch_lengths(batch.contiguous().numpy())
-    if neg >= 0:
-        return "negative"
-    return counts.tolist() if ok else "unsorted"
+    it is not one: ``"unsorted"`` or ``"negative"`` (in that order, as the device check
+    of :class:`~gnnattn.nn.GPSConv` finds them). Ids no node carries count 0."""
+    ordered, negative, counts = _batch_lengths(batch.contiguous().numpy())
+    if not ordered:
+        return "unsorted"
+    return "negative" if negative else counts.tolist()
 
 
 @numba.njit(cache=True, nogil=True, fastmath=set(_FAST))
@@ -63,8 +64,8 @@ def _square_sum(a: np.ndarray, rows: int, cols: int, stride: int) -> float:  # p
 
 def norm_bound(t: Tensor) -> float:
     """``||t||_2`` (an upper bound of ``max |t|``), ``inf`` or NaN when ``t`` holds an inf
-    or a NaN; one compiled pass over a CPU tensor, read where it lies when its rows
-    are (a view of a packed projection)."""
+    or a NaN (or squares past float64's range); one compiled pass over a CPU tensor,
+    read where it lies when its rows are (a view of a packed projection)."""
     if not t.numel():
         return 0.0
     a = t.detach()

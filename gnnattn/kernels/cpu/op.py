@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ...graphs.csr import transpose_csr
 from ..common import Dropout
-from .backward import SERIAL_SOURCE_PASS_MAX, dst_pass, results, src_pass, src_serial
+from .backward import dst_pass, results, serial_source_pass, src_pass, src_serial
 from .forward import forward
 from .plans import CPUPlan, _make_plan, _Plan, _threads
 
@@ -76,10 +76,10 @@ def attention_bwd_op(
     tptr, trow, tperm, csc_plan)`` (``plan`` made), unchecked; the results are new
     contiguous tensors (``None`` where :func:`~.backward.attention_bwd` gives none).
 
-    Without the transposed CSR (``tptr`` ``None`` or ``csc_plan`` empty), a graph
-    of at most :data:`~.backward.SERIAL_SOURCE_PASS_MAX` work takes the serial
-    source pass over the CSR (:func:`~.backward.src_serial`); a larger one has
-    its transposed CSR made here.
+    Without the transposed CSR (``tptr`` ``None``), a graph of at most
+    :data:`~.backward.SERIAL_SOURCE_PASS_MAX` work takes the serial source pass
+    over the CSR (:func:`~.backward.src_serial`); a larger one has its
+    transposed CSR made here.
     """
     ptr, col, plan, tptr, trow, tperm, csc_plan = layouts
     _threads()
@@ -88,9 +88,14 @@ def attention_bwd_op(
     m = k.shape[0]
     csr = _plan(ptr, col, plan)
     csc = None
-    if tptr is not None and trow is not None and tperm is not None and csc_plan.numel():
-        csc = _plan(tptr, trow, csc_plan, tperm)
-    elif col.shape[0] * h * (q.shape[2] + v.shape[2]) > SERIAL_SOURCE_PASS_MAX:
+    if tptr is not None and trow is not None and tperm is not None:
+        # The graph's transposed CSR; its plan made here when the graph has none yet
+        # (a compiled call on a graph whose eager calls never needed it).
+        if csc_plan.numel():
+            csc = _plan(tptr, trow, csc_plan, tperm)
+        else:
+            csc = _make_plan(tptr, trow, n, tperm, check=False)
+    elif not serial_source_pass(col.shape[0], h, q.shape[2], v.shape[2]):
         tptr, trow, tperm = transpose_csr(ptr, col, m)
         csc = _make_plan(tptr, trow, n, tperm, check=False)
     dst = dst_pass(
