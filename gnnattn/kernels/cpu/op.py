@@ -18,16 +18,9 @@ from ...graphs.csr import transpose_csr
 from ..common import Dropout
 from .backward import dst_pass, results, serial_source_pass, src_pass, src_serial
 from .forward import forward
-from .plans import CPUPlan, _make_plan, _Plan, _threads
+from .plans import _make_plan, plan_from_tensors
 
 __all__ = ["attention_bwd_op", "attention_fwd_op"]
-
-
-def _plan(ptr: Tensor, col: Tensor, packed: Tensor, perm: Tensor | None = None) -> CPUPlan:
-    """The :class:`CPUPlan` of a graph's layout and packed split (views, nothing scanned)."""
-    work = _Plan.unpack(packed.numpy(), col.shape[0])
-    pm = perm.contiguous().numpy() if perm is not None else None
-    return CPUPlan(ptr.contiguous().numpy(), col.contiguous().numpy(), pm, 0, 0, work)
 
 
 def _dropping(dropout: Dropout | None) -> Dropout | None:
@@ -51,8 +44,7 @@ def attention_fwd_op(
 ) -> tuple[Tensor, ...]:
     """:func:`~.forward.attention_fwd` over a graph's CSR and its packed ``plan``,
     unchecked; the results are new contiguous tensors."""
-    _threads()
-    pl = _plan(ptr, col, plan)
+    pl = plan_from_tensors(ptr, col, k.shape[0], plan)  # sets numba's thread count
     drop = _dropping(dropout)
     return forward(q, k, v, pl.ptr, pl.col, pl.work, scale, bias, drop, edge_attr, edge_query)
 
@@ -82,17 +74,16 @@ def attention_bwd_op(
     transposed CSR made here.
     """
     ptr, col, plan, tptr, trow, tperm, csc_plan = layouts
-    _threads()
     drop = _dropping(dropout)
     n, h = q.shape[0], q.shape[1]
     m = k.shape[0]
-    csr = _plan(ptr, col, plan)
+    csr = plan_from_tensors(ptr, col, m, plan)  # sets numba's thread count
     csc = None
     if tptr is not None and trow is not None and tperm is not None:
         # The graph's transposed CSR; its plan made here when the graph has none yet
         # (a compiled call on a graph whose eager calls never needed it).
         if csc_plan.numel():
-            csc = _plan(tptr, trow, csc_plan, tperm)
+            csc = plan_from_tensors(tptr, trow, n, csc_plan, perm=tperm)
         else:
             csc = _make_plan(tptr, trow, n, tperm, check=False)
     elif not serial_source_pass(col.shape[0], h, q.shape[2], v.shape[2]):
