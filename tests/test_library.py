@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gnnattn import AttentionGraph
-from gnnattn.kernels import COMPILED
+from gnnattn.kernels import COMPILED, library
 from gnnattn.kernels.library import attention, draw_key, plan_tensors
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -102,6 +102,28 @@ def test_eager_path_equals_the_op(name: str) -> None:
         assert torch.equal(a, b)
     with torch.no_grad():  # no autograd function at all
         assert torch.equal(attention(*args)[0], results[1][0])
+
+
+def test_parameters_take_the_eager_path(monkeypatch) -> None:
+    """A Parameter input (a learned score bias) runs the op's implementation directly,
+    as a plain tensor does, with the op's results; a tensor subclass goes through the
+    dispatcher, which honours its overrides."""
+    args = _attention_args("isolated", "bias", True, torch.float64)
+    args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+    applied = []
+    real = library._Attention.apply
+    monkeypatch.setattr(library._Attention, "apply", lambda *a: applied.append(1) or real(*a))
+    bias = torch.nn.Parameter(args[10].clone())
+    out = attention(*args[:10], bias, *args[11:])[0]
+    out.sum().backward()
+    assert applied == [1] and bias.grad is not None
+    expected = torch.ops.gnnattn.attention_fwd(*args)[0]
+    assert torch.equal(out.detach(), expected)
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert not library._eager((args[0].as_subclass(Sub),))
 
 
 @pytest.mark.skipif(DEV != "cpu", reason="the serial source pass is the CPU kernels'")

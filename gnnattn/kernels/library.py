@@ -438,6 +438,12 @@ def _attention_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor, grad_eo: T
 attention_fwd.register_autograd(_attention_backward, setup_context=_attention_setup)
 
 
+# A Parameter is a plain tensor to the dispatcher (its __torch_function__ is
+# disabled): a learned score bias takes the short path too. Other subclasses may
+# override any op, so they go through the dispatcher.
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
 def _eager(tensors: tuple[Any, ...]) -> bool:
     """Whether a call may run an op's implementation directly, without the dispatcher:
     in eager mode (not compiling, no dispatch or function mode active: no tracer, no
@@ -450,7 +456,7 @@ def _eager(tensors: tuple[Any, ...]) -> bool:
         return False
     if torch._C._are_functorch_transforms_active():  # vmap, grad: the op's rules apply
         return False
-    return all(type(t) is Tensor for t in tensors if isinstance(t, Tensor))
+    return all(type(t) in _PLAIN for t in tensors if isinstance(t, Tensor))
 
 
 class _Attention(torch.autograd.Function):
