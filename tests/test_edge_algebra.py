@@ -33,19 +33,22 @@ TOL32 = 2e-6
 SMALL = ["ragged", "one node", "no edges", "empty graph", "duplicates"]
 
 
-def edge_case(case, dtype, with_bias=False, query=True, grad=True, seed=5):
+def edge_case(case, dtype, with_bias=False, query=True, grad=True, seed=5, per_head=False):
     q, k, v, ptr, col, bias = edge_inputs(case, dtype, with_bias, seed=seed)
     g = torch.Generator().manual_seed(seed + 2)
     n, h = q.shape[:2]
-    ea = torch.randn(col.numel(), NF, generator=g, dtype=dtype)
+    shape = (col.numel(), h, NF) if per_head else (col.numel(), NF)
+    ea = torch.randn(shape, generator=g, dtype=dtype)
     eq = torch.randn(n, h, NF, generator=g, dtype=dtype) if query else None
     ge = torch.randn(n, h, NF, generator=g, dtype=dtype) if grad else None
     return q, k, v, ptr, col, bias, ea, eq, ge
 
 
 def check_kernel(case, *, with_bias=False, dropout=None, query=True, grad=True, logits=1.0,
-                 dtype=F64, tol=TOL64):  # fmt: skip
-    q, k, v, ptr, col, bias, ea, eq, ge = edge_case(case, dtype, with_bias, query, grad)
+                 dtype=F64, tol=TOL64, per_head=False):  # fmt: skip
+    q, k, v, ptr, col, bias, ea, eq, ge = edge_case(
+        case, dtype, with_bias, query, grad, per_head=per_head
+    )
     q = q * logits
     kw = dict(dropout=dropout, edge_attr=ea, edge_query=eq)
     got = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw)
@@ -84,6 +87,20 @@ def test_edge_query_and_edge_out_match_reference(case, with_bias, logits):
     check_kernel(case, with_bias=with_bias, logits=logits)
 
 
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dropout", [None, DROP])
+def test_per_head_edge_features_match_reference(case, dropout):
+    """Edge features ``[E, H, F]``, a row per head (what the operator makes of a small
+    graph's ``W a_ij``), with a bias and 1e3 logits: forward, and every gradient
+    (``dedge_attr`` per head) against the reference."""
+    check_kernel(case, with_bias=True, dropout=dropout, logits=1e3, per_head=True)
+
+
+@pytest.mark.parametrize("case", ["ragged", "hub"])
+def test_per_head_edge_features_in_float32(case):
+    check_kernel(case, dtype=F32, tol=TOL32, per_head=True)
+
+
 @pytest.mark.parametrize("case", [*SMALL, "hub", "source hub"])
 def test_edge_features_with_dropout_match_reference(case):
     check_kernel(case, with_bias=True, dropout=DROP)
@@ -115,8 +132,9 @@ def test_edge_features_in_float32(case):
     check_kernel(case, with_bias=True, dropout=DROP, dtype=F32, tol=TOL32)
 
 
-def test_reference_edge_backward_is_autograd_of_its_forward():
-    q, k, v, ptr, col, bias, ea, eq, ge = edge_case("ragged", F64, True)
+@pytest.mark.parametrize("per_head", [False, True])
+def test_reference_edge_backward_is_autograd_of_its_forward(per_head):
+    q, k, v, ptr, col, bias, ea, eq, ge = edge_case("ragged", F64, True, per_head=per_head)
     ins = [t.clone().requires_grad_() for t in (q, k, v, bias, ea, eq)]
     out, lse, eo = ref.attention_fwd(
         *ins[:3], ptr, col, 0.3, ins[3], dropout=DROP, edge_attr=ins[4], edge_query=ins[5]
@@ -228,6 +246,41 @@ def test_fused_equals_mp_with_edge_features(which, p):
         assert r.backend == backend
         g = torch.randn(r.out.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
         res[backend] = (r.out, r.lse, r.weights, *torch.autograd.grad((r.out * g).sum(), xs))
+    for a, b in zip(res["fused"], res["mp"], strict=True):
+        a, b = a.detach(), b.detach()
+        assert torch.equal(torch.isneginf(a), torch.isneginf(b))  # lse of the isolated target
+        fin = torch.isfinite(b)
+        assert_close(a[fin], b[fin], TOL64)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+@pytest.mark.parametrize("per_head", [True, False])
+def test_one_edge_map_for_keys_and_values(p, per_head, monkeypatch):
+    """``TransformerConv``'s case, one map ``W`` for keys and values: a small graph's
+    edge term goes to the kernels per edge and head (``a_ij W^T``, ``[E, H, C]``),
+    a larger one's by the algebra; both equal ``"mp"``: outputs, ``lse``, weights
+    and every gradient, ``W``'s included."""
+    monkeypatch.setattr(cpu.forward, "PER_HEAD_EDGES_MAX", 1 << 30 if per_head else 0)
+    seen = []
+    real = cpu.attention_fwd_op
+
+    def spy(q, k, v, ptr, col, plan, bias, edge_attr, *rest):
+        seen.append(edge_attr.dim())
+        return real(q, k, v, ptr, col, plan, bias, edge_attr, *rest)
+
+    monkeypatch.setattr(cpu, "attention_fwd_op", spy)
+    q, k, v, graph, ea, w, _ = op_inputs(c=4, cv=4)
+    res = {}
+    for backend in ("fused", "mp"):
+        xs = [t.clone().requires_grad_() for t in (q, k, v, ea, w)]
+        torch.manual_seed(3)  # the same dropout key on both
+        r = gnnattn.attention(
+            *xs[:3], graph, edge_attr=xs[3], edge_key=xs[4], edge_value=xs[4], dropout_p=p,
+            backend=backend, return_lse=True, need_weights=True,
+        )  # fmt: skip
+        g = torch.randn(r.out.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
+        res[backend] = (r.out, r.lse, r.weights, *torch.autograd.grad((r.out * g).sum(), xs))
+    assert seen == [3 if per_head else 2]
     for a, b in zip(res["fused"], res["mp"], strict=True):
         a, b = a.detach(), b.detach()
         assert torch.equal(torch.isneginf(a), torch.isneginf(b))  # lse of the isolated target

@@ -209,7 +209,7 @@ def _attention_fwd_fake(
     scale,
     dropout_p,
 ):  # type: ignore[no-untyped-def]
-    n, h, f = q.shape[0], q.shape[1], edge_attr.shape[1] if edge_attr is not None else 0
+    n, h, f = q.shape[0], q.shape[1], edge_attr.shape[-1] if edge_attr is not None else 0
     out = q.new_empty(n, h, v.shape[2])
     lse = q.new_empty(n, h, dtype=acc_dtype(q.dtype))
     return out, lse, q.new_empty(n, h, f)

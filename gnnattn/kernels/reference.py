@@ -26,7 +26,9 @@ The attention functions also take the options every backend has (see
 * ``dropout``: a :class:`~gnnattn.kernels.common.Dropout`; the weights that
   the stream drops are zeroed and the others scaled by ``1 / (1 - p)``
   *after* the softmax (``lse`` is that of the undropped scores);
-* ``edge_attr``: raw edge features ``[E, F]``; the forward then also returns
+* ``edge_attr``: raw edge features ``[E, F]``, shared by the heads, or
+  ``[E, H, F]``, one row per head (a layer's ``W a_ij`` formed per edge,
+  which a small graph takes); the forward then also returns
   ``edge_out_i = sum_j P_ij a_ij`` ``[N, H, F]`` (``P`` the weights after
   dropout, those that multiply ``v``), so that a layer can apply a linear map
   ``W_v`` to the aggregate instead of to every edge;
@@ -222,7 +224,18 @@ def _edge_score(
     if edge_query is None or edge_attr is None:
         return s
     index = segment_ids(ptr, s.shape[0])
-    return s + (edge_query[index] * edge_attr.unsqueeze(1)).sum(-1)  # (E, H)
+    return s + (edge_query[index] * _per_head(edge_attr)).sum(-1)  # (E, H)
+
+
+def _per_head(edge_attr: Tensor) -> Tensor:
+    """``[E, H or 1, F]``: per-head features as they are, shared ones broadcast."""
+    return edge_attr if edge_attr.dim() == 3 else edge_attr.unsqueeze(1)
+
+
+def _on_edges(d: Tensor, edge_attr: Tensor) -> Tensor:
+    """A per-head gradient ``[E, H, F]`` in ``edge_attr``'s shape (summed over heads
+    for shared features)."""
+    return d if edge_attr.dim() == 3 else d.sum(1)
 
 
 def attention_fwd(
@@ -276,7 +289,7 @@ def attention_fwd(
     out = segment_sum(alpha.unsqueeze(-1) * v[col], index, n)
     if edge_attr is None:
         return out, lse
-    edge_out = segment_sum(alpha.unsqueeze(-1) * edge_attr.unsqueeze(1), index, n)  # (N, H, F)
+    edge_out = segment_sum(alpha.unsqueeze(-1) * _per_head(edge_attr), index, n)  # (N, H, F)
     return out, lse, edge_out
 
 
@@ -359,7 +372,7 @@ def attention_bwd(
     ge = grad_edge_out[index] if edge_attr is not None and grad_edge_out is not None else None
     if ge is not None:
         assert edge_attr is not None
-        dkept = dkept + (ge * edge_attr.unsqueeze(1)).sum(-1)  # + g_i . a_ij
+        dkept = dkept + (ge * _per_head(edge_attr)).sum(-1)  # + g_i . a_ij
     dalpha = dkept * f if f is not None else dkept
     if out is not None and edge_attr is None:
         d = (grad_out * out).sum(-1)  # (N, H)
@@ -376,9 +389,9 @@ def attention_bwd(
     dea = torch.zeros_like(edge_attr)
     deq = None
     if edge_query is not None:
-        deq = segment_sum(ds.unsqueeze(-1) * edge_attr.unsqueeze(1), index, n)  # (N, H, F)
-        dea = dea + (ds.unsqueeze(-1) * edge_query[index]).sum(1)
+        deq = segment_sum(ds.unsqueeze(-1) * _per_head(edge_attr), index, n)  # (N, H, F)
+        dea = dea + _on_edges(ds.unsqueeze(-1) * edge_query[index], edge_attr)
     if ge is not None:
-        dea = dea + (kept.unsqueeze(-1) * ge).sum(1)
+        dea = dea + _on_edges(kept.unsqueeze(-1) * ge, edge_attr)
     dbias = ds if bias is not None else None
     return dq, dk, dv, dbias, (dea if need_dedge_attr else None), deq

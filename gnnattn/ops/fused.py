@@ -67,7 +67,15 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
     bc, eac = csr_order(a.score_bias), csr_order(edge_attr)
     h, c, cv = q.shape[1], q.shape[2], v.shape[2]
     eqc = None
-    if edge_attr is not None and edge_key is not None:
+    per_head = eac is not None and _per_head_edges(a)
+    if per_head:
+        assert eac is not None and edge_key is not None
+        # The edge term per edge and head, scaled: scale * a_ij W^T (E, H, C)
+        # (the scale on the small weight, not on an [N, H, C] query), scored
+        # against q_i itself; its aggregate edge_out is unscaled into the output.
+        eac = (eac @ (edge_key.to(dtype).T * scale)).view(-1, h, c)  # (E, H, C)
+        eqc = qc
+    elif edge_attr is not None and edge_key is not None:
         wk = edge_key.view(h, c, -1).to(dtype) * scale  # (H, C, F)
         # A batched matmul over heads (einsum plans its contraction on every call).
         eqc = torch.bmm(qc.transpose(0, 1), wk).transpose(0, 1).contiguous()  # (N, H, F)
@@ -101,11 +109,26 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
         scale,
         a.dropout_p,
     )
-    if edge_attr is not None and edge_value is not None:
+    if per_head:
+        out = torch.add(out, eo, alpha=1.0 / scale)  # (N, H, Cv): + sum_j P_ij W a_ij
+    elif edge_attr is not None and edge_value is not None:
         wv = edge_value.view(h, cv, -1).to(dtype)  # (H, Cv, F)
         out = out + torch.bmm(eo.transpose(0, 1), wv.transpose(1, 2)).transpose(0, 1)  # (N, H, Cv)
     weights = _weights(qc, kc, graph, scale, lse, bc, eac, eqc) if a.need_weights else None
     return out.to(q.dtype), lse, (weights.to(q.dtype) if weights is not None else None)
+
+
+def _per_head_edges(a: AttentionArgs) -> bool:
+    """Whether the edge term goes to the kernels per edge and head (``edge_attr W^T``,
+    ``[E, H, C]``) rather than by the algebra: where the device's kernels take it
+    (``per_head_edges``: on the CPU, a small graph), keys and values share one map
+    (``TransformerConv``'s ``lin_edge``), and not compiled (no guard on the size)."""
+    per_head = getattr(kernels.get(a.q.device), "per_head_edges", None)
+    if per_head is None or torch.compiler.is_compiling():
+        return False
+    if a.edge_key is None or a.edge_key is not a.edge_value:
+        return False
+    return bool(per_head(a.graph.num_edges, a.q.shape[1], a.q.shape[2]))
 
 
 def _needs_csc(q: Tensor, v: Tensor, graph: AttentionGraph) -> bool:

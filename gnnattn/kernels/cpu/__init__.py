@@ -66,7 +66,7 @@ from .backward import (
     serial_source_pass,
 )
 from .dropout import dropout, relu_dropout, relu_dropout_bwd
-from .forward import attention_fwd
+from .forward import attention_fwd, per_head_edges
 from .op import attention_bwd_op, attention_fwd_op
 from .plans import (
     CPUPlan,
@@ -92,6 +92,7 @@ __all__ = [
     "dropout",
     "dropout_bits",
     "exp32",
+    "per_head_edges",
     "plan",
     "plan_from_tensors",
     "plan_tensors",

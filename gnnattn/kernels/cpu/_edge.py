@@ -18,10 +18,11 @@ loop. The source pass's ``dsv`` (the score gradient the destination pass
 stored) is chosen the same way.
 
 **Edge features.** The raw edge features ``ea`` ``[E, F]`` (CSR order, read
-sequentially), the per-target edge query ``eq`` ``[N, H*F]`` (its score term
-``eq_i^h . ea_e``), the gradient of the forward's ``edge_out`` ``gg``
-``[N, H*F]`` and the per-target accumulators of ``edge_out`` /
-``d edge_query`` (``eacc``, ``[H*F]``) follow the same rule:
+sequentially; or ``[E, H, F]``, a row per head: :func:`_ea`), the per-target
+edge query ``eq`` ``[N, H*F]`` (its score term ``eq_i^h . ea_e^h``), the
+gradient of the forward's ``edge_out`` ``gg`` ``[N, H*F]`` and the per-target
+accumulators of ``edge_out`` / ``d edge_query`` (``eacc``, ``[H*F]``) follow
+the same rule:
 ``None`` compiles the helpers below to nothing, so the kernels without edge
 features are those the options had before. (``eacc`` is a size-0 array then,
 allocated once per chunk; every helper that touches it is keyed on ``ea``.)
@@ -176,7 +177,7 @@ def _edge_score_call(s, eq, i, ea, e, h):  # pragma: no cover - compiled
 
 @overload(_prefetch_at, **_OL)
 def _prefetch_at_ol(a, perm, t):  # pragma: no cover - compiled
-    if _none(a):
+    if _none(a) or a.ndim != 2:
         return lambda a, perm, t: None
     return lambda a, perm, t: _prefetch_row(a, perm[t] & _NN)
 
@@ -200,16 +201,49 @@ def _src_ds_ol(dsv, e, h, a, f, dout, i, v, j, d, lo, n):  # pragma: no cover - 
 # ------------------------------------------------------------------ edge features
 
 
+def _ea(ea, e, h, c):  # pragma: no cover - compiled only
+    """Feature ``c`` of edge ``e`` for head ``h``: ``ea[e, c]`` (``[E, F]``, shared by the
+    heads) or ``ea[e, h, c]`` (``[E, H, F]``: a layer's ``W a_ij`` per head, where a
+    small graph's edge term is cheaper formed per edge than by the algebra's weight
+    products per target)."""
+
+
+@overload(_ea, **_OL)
+def _ea_ol(ea, e, h, c):  # pragma: no cover - compiled
+    if ea.ndim == 3:
+        return lambda ea, e, h, c: ea[e, h & _NN, c]
+    return lambda ea, e, h, c: ea[e, c]
+
+
+def _ea_add(dea, e, h, c, x):  # pragma: no cover - compiled only
+    """``dea`` at :func:`_ea`'s position ``+= x`` (per head, or summed over the heads)."""
+
+
+@overload(_ea_add, **_OL)
+def _ea_add_ol(dea, e, h, c, x):  # pragma: no cover - compiled
+    if dea.ndim == 3:
+
+        def per_head(dea, e, h, c, x):
+            dea[e, h & _NN, c] += x
+
+        return per_head
+
+    def shared(dea, e, h, c, x):
+        dea[e, c] += x
+
+    return shared
+
+
 @numba.njit(**_INLINE)
 def _edge_dot(eq, i, ea, e, h):  # pragma: no cover - compiled
     """``sum_c eq[i, h*F + c] * ea[e, c]``: a per-target row's head ``h`` against an edge's
     features."""
-    nf = ea.shape[1]
+    nf = ea.shape[-1]
     lo = (h * nf) & _NN
     e = e & _NN
     r = eq.dtype.type(0)
     for c in range(nf):
-        r += eq[i, lo + c] * ea[e, c]
+        r += eq[i, lo + c] * _ea(ea, e, h, c)
     return r
 
 
@@ -217,12 +251,12 @@ def _edge_dot(eq, i, ea, e, h):  # pragma: no cover - compiled
 @numba.njit(cache=True, fastmath=False)  # pragma: no cover - compiled
 def _edge_dot_strict(eq, i, ea, e, h):
     """:func:`_edge_dot` in IEEE arithmetic (products rounded, summed in order)."""
-    nf = ea.shape[1]
+    nf = ea.shape[-1]
     lo = (h * nf) & _NN
     e = e & _NN
     r = eq.dtype.type(0)
     for c in range(nf):
-        r += eq[i, lo + c] * ea[e, c]
+        r += eq[i, lo + c] * _ea(ea, e, h, c)
     return r
 
 
@@ -252,11 +286,11 @@ def _add_g_ol(x, gg, i, ea, e, h):  # pragma: no cover - compiled
 
 @numba.njit(**_INLINE)
 def _eacc_axpy_impl(eacc, w, ea, e, h):  # pragma: no cover - compiled
-    nf = ea.shape[1]
+    nf = ea.shape[-1]
     lo = (h * nf) & _NN
     e = e & _NN
     for c in range(nf):
-        eacc[lo + c] += w * ea[e, c]
+        eacc[lo + c] += w * _ea(ea, e, h, c)
 
 
 @overload(_eacc_axpy, **_OL)
@@ -268,7 +302,7 @@ def _eacc_axpy_ol(eacc, w, ea, e, h):  # pragma: no cover - compiled
 
 @numba.njit(**_INLINE)
 def _eacc_scale_impl(eacc, corr, ea, h):  # pragma: no cover - compiled
-    nf = ea.shape[1]
+    nf = ea.shape[-1]
     lo = (h * nf) & _NN
     for c in range(nf):
         eacc[lo + c] *= corr
@@ -285,12 +319,12 @@ def _eacc_scale_ol(eacc, corr, ea, h):  # pragma: no cover - compiled
 def _eacc_merge_ol(eacc, f, pe, x, ea, h):  # pragma: no cover - compiled
     if _none(ea):
         return lambda eacc, f, pe, x, ea, h: None
-    return lambda eacc, f, pe, x, ea, h: _axpy(eacc, f, pe, x, h * ea.shape[1], ea.shape[1])
+    return lambda eacc, f, pe, x, ea, h: _axpy(eacc, f, pe, x, h * ea.shape[-1], ea.shape[-1])
 
 
 @numba.njit(**_INLINE)
 def _eacc_store_impl(eo, i, eacc, inv, ea):  # pragma: no cover - compiled
-    nf = ea.shape[1]
+    nf = ea.shape[-1]
     for h in range(inv.shape[0]):
         lo = (h * nf) & _NN
         for c in range(nf):
@@ -307,8 +341,7 @@ def _eacc_store_ol(eo, i, eacc, inv, ea):  # pragma: no cover - compiled
 @numba.njit(**_INLINE)
 def _dea_zero_impl(dea, e):  # pragma: no cover - compiled
     e = e & _NN
-    for c in range(dea.shape[1]):
-        dea[e, c] = dea.dtype.type(0)
+    dea[e] = dea.dtype.type(0)
 
 
 @overload(_dea_zero, **_OL)
@@ -320,11 +353,13 @@ def _dea_zero_ol(dea, e):  # pragma: no cover - compiled
 
 @numba.njit(**_INLINE)
 def _dea_add_impl(dea, e, w, src, i, h):  # pragma: no cover - compiled
-    nf = dea.shape[1]
+    """``dea[e] += w * src_i^h``: summed over the heads for shared features, into the
+    head's row for per-head ones (:func:`_ea_add`)."""
+    nf = dea.shape[-1]
     lo = (h * nf) & _NN
     e = e & _NN
     for c in range(nf):
-        dea[e, c] += w * src[i, lo + c]
+        _ea_add(dea, e, h, c, w * src[i, lo + c])
 
 
 @overload(_dea_add, **_OL)

@@ -29,6 +29,7 @@ from .plans import (
     _check_qkv,
     _check_rows,
     _check_tensors,
+    _edge_rows,
     _make_plan,
     _np_dtype,
     _opt_rows,
@@ -175,7 +176,7 @@ def dst_pass(
     features, for :func:`src_serial`."""
     n, nh, cq = q.shape
     e = plan.num_edges
-    nf = edge_attr.shape[1] if edge_attr is not None else 0
+    nf = edge_attr.shape[-1] if edge_attr is not None else 0
     if edge_attr is None:
         grad_edge_out = None
     dt = acc_dtype(q.dtype)
@@ -191,7 +192,9 @@ def dst_pass(
     dsp = torch.empty(e, 2 * nh, dtype=dt) if weights else None
     ds = dsp[:, :nh] if dsp is not None else torch.empty(e, nh, dtype=dt) if keep_ds else None
     # Without dea the kernels compile without its per-edge sum over heads and its store.
-    dea = alloc(e, nf, dtype=dt) if edge_attr is not None and need_dedge_attr else None
+    dea = None
+    if edge_attr is not None and need_dedge_attr:
+        dea = alloc(e, *edge_attr.shape[1:], dtype=dt)  # [E, F] or [E, H, F]
     deq = alloc(n, nh * nf, dtype=dt) if edge_query is not None else None
     if e and nh:
         qq, kk, vv, go = _rows(q, dt), _rows(k, dt), _rows(v, dt), _rows(grad_out, dt)
@@ -203,7 +206,7 @@ def dst_pass(
             dd = ds.numpy() if ds is not None else np.empty((0, nh), _np_dtype(dt))
         key, dscale = _option_args(drop, dt)
         ea, eq, gg = (
-            _opt_rows(edge_attr, dt),
+            _edge_rows(edge_attr, dt),
             _opt_rows(edge_query, dt),
             _opt_rows(grad_edge_out, dt),
         )
@@ -355,7 +358,7 @@ def src_pass(
         key, dscale = _option_args(drop, dt)
         if edge_query is None:
             edge_attr = None  # without a query it does not enter the scores: not read here
-        ea, eq = _opt_rows(edge_attr, dt), _opt_rows(edge_query, dt)
+        ea, eq = _edge_rows(edge_attr, dt), _opt_rows(edge_query, dt)
         full = (qq, kk, vv, go, lld, bb, bias is not None, key, dscale, dsv, ea, eq)
         _bwd_src_kernel(
             *full, pl.ptr, pl.col, tperm_np, sc, w.bounds, w.limit, dk.numpy(), dv.numpy()
@@ -462,7 +465,8 @@ def attention_bwd(
             not needed. ``plan(tptr, trow, N)`` without ``perm`` works too,
             given ``csc``: its ``tperm`` is then trusted to be the plan's (as
             the graph object guarantees) and not range-checked.
-        edge_attr: the forward's ``[E, F]`` edge features, or ``None``.
+        edge_attr: the forward's ``[E, F]`` (or per-head ``[E, H, F]``) edge
+            features, or ``None``.
         edge_query: the forward's ``[N, H, F]`` edge query, or ``None``.
         grad_edge_out: ``[N, H, F]`` the gradient of the forward's
             ``edge_out`` (``None``: zero; ignored without ``edge_attr``).
@@ -473,8 +477,8 @@ def attention_bwd(
         ``dq``, ``dk``, ``dv`` (typed like ``q``, ``k``, ``v``) and ``dbias``
         ``[E, H]`` (the score gradient ``dS``, typed like ``bias``; ``None``
         without a bias); with ``edge_attr`` six results: these four, then
-        ``dedge_attr`` ``[E, F]`` (summed over heads, typed like it; ``None``
-        without ``need_dedge_attr``) and ``dedge_query`` ``[N, H, F]``
+        ``dedge_attr`` shaped like ``edge_attr`` (``[E, F]`` summed over heads;
+        typed like it; ``None`` without ``need_dedge_attr``) and ``dedge_query`` ``[N, H, F]``
         (``None`` without an edge query).
 
     Raises:

@@ -50,6 +50,7 @@ from .plans import (
     _check_options,
     _check_plan,
     _check_qkv,
+    _edge_rows,
     _make_plan,
     _opt_rows,
     _option_args,
@@ -59,7 +60,22 @@ from .plans import (
     _threads,
 )
 
-__all__ = ["attention_fwd"]
+__all__ = ["attention_fwd", "per_head_edges"]
+
+#: The largest ``E * H * C`` whose edge term a layer forms per edge and head
+#: (``edge_attr`` ``[E, H, C]`` = ``a_ij W^T``, one matrix product) rather than by
+#: the algebra (``W^T q_i`` and ``W edge_out_i``: batched products over the
+#: targets, with their transposed copies, forward and backward).
+PER_HEAD_EDGES_MAX = 1 << 20
+
+
+def per_head_edges(num_edges: int, heads: int, channels: int) -> bool:
+    """Whether the operator hands these kernels a small graph's edge term per edge and
+    head (``[E, H, C]``, at most :data:`PER_HEAD_EDGES_MAX` numbers) where keys and
+    values share one edge map: on a batch of molecules the algebra's six batched
+    products cost more than the per-edge term's one product and its gradient."""
+    return num_edges * heads * channels <= PER_HEAD_EDGES_MAX
+
 
 # Edges per block of scores held in registers/L1.
 _BLOCK = 64
@@ -286,8 +302,9 @@ def attention_fwd(
             then ``ptr`` and ``col`` are neither read nor checked beyond their
             sizes, and the kernels run on the plan's (checked) arrays.
         edge_attr: optional ``[E, F]`` raw edge features in CSR order, read
-            once per edge and head (never gathered); then ``edge_out`` is
-            returned too.
+            once per edge and head (never gathered), or ``[E, H, F]``, a row
+            per head (``edge_query_i^h . edge_attr_ij^h``); then ``edge_out``
+            is returned too.
         edge_query: optional ``[N, H, F]`` (needs ``edge_attr``): adds
             ``edge_query_i^h . edge_attr_ij`` to the score, unscaled.
 
@@ -334,7 +351,7 @@ def forward(
     ``drop`` is ``None`` or drops something (``threshold > 0``). The results are
     new tensors, contiguous, sharing memory with no input.
     """
-    nf = edge_attr.shape[1] if edge_attr is not None else 0
+    nf = edge_attr.shape[-1] if edge_attr is not None else 0
     dt = acc_dtype(q.dtype)
     n, nh, cv = q.shape[0], q.shape[1], v.shape[2]
     out = torch.empty(n, nh * cv, dtype=dt)
@@ -344,7 +361,7 @@ def forward(
         qq, kk, vv = _rows(q, dt), _rows(k, dt), _rows(v, dt)
         bb, sc = _bias(bias, dt, nh), _scalar(scale, dt)
         key, dscale = _option_args(drop, dt)
-        ea, eq = _opt_rows(edge_attr, dt), _opt_rows(edge_query, dt)
+        ea, eq = _edge_rows(edge_attr, dt), _opt_rows(edge_query, dt)
         eo_np = eo.numpy() if eo is not None else None
         o, ls = out.numpy(), lse.numpy()
         has_bias = bias is not None

@@ -335,11 +335,13 @@ def _check_edge(
             raise ValueError("Expected 'edge_attr' with 'edge_query' (it scores them), got None")
         return 0
     _floating("edge_attr", edge_attr)
-    if edge_attr.dim() != 2 or edge_attr.shape[0] != num_edges:
+    per_head = edge_attr.dim() == 3 and edge_attr.shape[1] == q.shape[1]
+    if not (edge_attr.dim() == 2 or per_head) or edge_attr.shape[0] != num_edges:
         raise ValueError(
-            f"Expected 'edge_attr' of shape [{num_edges}, F], got {list(edge_attr.shape)}"
+            f"Expected 'edge_attr' of shape [{num_edges}, F] or [{num_edges}, {q.shape[1]}, F] "
+            f"(per head), got {list(edge_attr.shape)}"
         )
-    nf = int(edge_attr.shape[1])
+    nf = int(edge_attr.shape[-1])
     if edge_query is not None:
         _check_rows("edge_query", edge_query, (q.shape[0], q.shape[1], nf))
     return nf
@@ -369,6 +371,14 @@ def _rows(t: Tensor, dtype: torch.dtype) -> np.ndarray:
 def _opt_rows(t: Tensor | None, dtype: torch.dtype) -> np.ndarray | None:
     """:func:`_rows` of an optional tensor (``None``: the kernels' specialisation without it)."""
     return _rows(t, dtype) if t is not None else None
+
+
+def _edge_rows(t: Tensor | None, dtype: torch.dtype) -> np.ndarray | None:
+    """Edge features as the kernels take them: ``[E, F]`` rows, or ``[E, H, F]`` per head
+    (another specialisation: see :func:`._edge._ea`); ``None`` stays ``None``."""
+    if t is None or t.dim() != 3:
+        return _opt_rows(t, dtype)
+    return t.detach().to(dtype).contiguous().numpy()
 
 
 def _np_dtype(dt: torch.dtype) -> type:
