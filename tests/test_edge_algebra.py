@@ -261,6 +261,7 @@ def test_one_edge_map_for_keys_and_values(p, per_head, monkeypatch):
     a larger one's by the algebra; both equal ``"mp"``: outputs, ``lse``, weights
     and every gradient, ``W``'s included."""
     monkeypatch.setattr(cpu.forward, "PER_HEAD_EDGES_MAX", 1 << 30 if per_head else 0)
+    monkeypatch.setattr(cpu.forward, "PER_HEAD_EDGES_DEGREE", 100)
     seen = []
     real = cpu.attention_fwd_op
 
@@ -286,6 +287,14 @@ def test_one_edge_map_for_keys_and_values(p, per_head, monkeypatch):
         assert torch.equal(torch.isneginf(a), torch.isneginf(b))  # lse of the isolated target
         fin = torch.isfinite(b)
         assert_close(a[fin], b[fin], TOL64)
+
+
+def test_per_head_edge_term_only_on_small_sparse_graphs():
+    """A batch of molecules (about 2 edges per target) takes the per-edge term; a
+    graph of 16 edges per target, or one past the size limit, the algebra."""
+    assert cpu.per_head_edges(1988, 896, 4, 16)
+    assert not cpu.per_head_edges(16 * 2000, 2000, 4, 16)
+    assert not cpu.per_head_edges(2 * 10**6, 10**6, 4, 16)
 
 
 def test_fused_edge_features_pass_gradcheck():

@@ -121,14 +121,14 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
 def _per_head_edges(a: AttentionArgs) -> bool:
     """Whether the edge term goes to the kernels per edge and head (``edge_attr W^T``,
     ``[E, H, C]``) rather than by the algebra: where the device's kernels take it
-    (``per_head_edges``: on the CPU, a small graph), keys and values share one map
+    (``per_head_edges``: on the CPU, a small sparse graph), keys and values share one map
     (``TransformerConv``'s ``lin_edge``), and not compiled (no guard on the size)."""
     per_head = getattr(kernels.get(a.q.device), "per_head_edges", None)
     if per_head is None or torch.compiler.is_compiling():
         return False
     if a.edge_key is None or a.edge_key is not a.edge_value:
         return False
-    return bool(per_head(a.graph.num_edges, a.q.shape[1], a.q.shape[2]))
+    return bool(per_head(a.graph.num_edges, a.q.shape[0], a.q.shape[1], a.q.shape[2]))
 
 
 def _needs_csc(q: Tensor, v: Tensor, graph: AttentionGraph) -> bool:
