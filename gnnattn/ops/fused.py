@@ -61,7 +61,9 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
     def csr_order(t: Tensor | None) -> Tensor | None:
         if t is None:
             return None
-        return (t if perm is None else t[perm]).to(dtype).contiguous()
+        # index_select, not t[perm]: its backward is an index_add, where advanced
+        # indexing's is an accumulating index_put (a sort on the CPU).
+        return (t if perm is None else t.index_select(0, perm)).to(dtype).contiguous()
 
     qc, kc, vc = (t.to(dtype).contiguous() for t in (q, k, v))
     bc, eac = csr_order(a.score_bias), csr_order(edge_attr)
