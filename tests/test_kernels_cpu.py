@@ -583,6 +583,7 @@ def test_cpu_has_the_reference_api():
             "dropout",
             "dropout_bits",
             "exp32",
+            "per_head_edges",
             "plan_from_tensors",
             "plan_tensors",
             "relu_dropout",

@@ -491,12 +491,15 @@ def _bwd_src_kept_pieces_kernel(
 def _bwd_src_scatter_kernel(q, dout, dsp, ptr, col, scale, dk, dv):  # pragma: no cover
     """The source pass of a small graph, from the stored ``dS`` and ``P``, on one thread
     over the CSR, with no transposed CSR: ``dk_j += scale dS_ij q_i`` and ``dv_j +=
-    P_ij dout_i`` edge by edge into the zeroed ``dk``, ``dv``. Each source's terms
-    come in CSR order, the order of its segment of the transposed CSR, so the
-    sums are those of :func:`_bwd_src_kept_kernel` (outside hub pieces)."""
+    P_ij dout_i`` edge by edge into ``dk``, ``dv``, which it zeroes first (here, not
+    by torch: one more parallel fill each). Each source's terms come in CSR order,
+    the order of its segment of the transposed CSR, so the sums are those of
+    :func:`_bwd_src_kept_kernel` (outside hub pieces)."""
     nh = dsp.shape[1] // 2
     cq = q.shape[1] // nh
     cv = dout.shape[1] // nh
+    dk[:] = 0
+    dv[:] = 0
     for i in range(ptr.shape[0] - 1):
         for e in range(ptr[i] & _NN, ptr[i + 1]):
             j = col[e] & _NN

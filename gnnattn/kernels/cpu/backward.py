@@ -381,8 +381,10 @@ def src_serial(
     n, nh, cq = q.shape
     cv = grad_out.shape[2]
     dt = acc_dtype(q.dtype)
-    dk = torch.zeros(num_src, nh * cq, dtype=dt)
-    dv = torch.zeros(num_src, nh * cv, dtype=dt)
+    # Zeroed by the kernel; without an edge (or a head) it does not run.
+    alloc = torch.empty if plan.num_edges and nh else torch.zeros
+    dk = alloc(num_src, nh * cq, dtype=dt)
+    dv = alloc(num_src, nh * cv, dtype=dt)
     if plan.num_edges and nh:
         qq, go, dd = _rows(q, dt), _rows(grad_out, dt), _rows(dsp, dt)
         _bwd_src_scatter_kernel(

@@ -366,7 +366,8 @@ def forward(
     n, nh, cv = q.shape[0], q.shape[1], v.shape[2]
     out = torch.empty(n, nh * cv, dtype=dt)
     lse = torch.empty(n, nh, dtype=dt)
-    eo = torch.zeros(n, nh * nf, dtype=dt) if edge_attr is not None else None
+    # Every target's row is written by a kernel, as out's.
+    eo = torch.empty(n, nh * nf, dtype=dt) if edge_attr is not None else None
     if n * nh:
         qq, kk, vv = _rows(q, dt), _rows(k, dt), _rows(v, dt)
         bb, sc = _bias(bias, dt, nh), _scalar(scale, dt)
