@@ -96,6 +96,26 @@ def test_per_head_edge_features_match_reference(case, dropout):
     check_kernel(case, with_bias=True, dropout=dropout, logits=1e3, per_head=True)
 
 
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize("case", ["ragged", "source hub"])
+def test_source_pass_from_ds_alone_with_edge_features(case, per_head):
+    """The source pass given ``dS`` alone (no stored weights) recomputes the scores with
+    their edge term, per head or shared, and gives the reference's ``dk``, ``dv``."""
+    from gnnattn.graphs.csr import transpose_csr
+    from gnnattn.kernels.cpu import backward
+
+    q, k, v, ptr, col, bias, ea, eq, ge = edge_case(case, F64, True, per_head=per_head)
+    kw = dict(dropout=DROP, edge_attr=ea, edge_query=eq)
+    out, lse, _ = cpu.attention_fwd(q, k, v, ptr, col, 0.3, bias, **kw)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(4), dtype=F64)
+    dst = backward._bwd_dst(q, k, v, lse, g, ptr, col, 0.3, bias, **kw, grad_edge_out=ge)
+    csc = transpose_csr(ptr, col, k.shape[0])
+    dk, dv = cpu.attention_bwd_src(q, k, v, dst[1], g, csc, 0.3, bias, **kw, ds=dst[2])
+    want = ref.attention_bwd(q, k, v, None, lse, g, ptr, col, 0.3, bias, **kw, grad_edge_out=ge)
+    assert_close(dk, want[1], TOL64)
+    assert_close(dv, want[2], TOL64)
+
+
 @pytest.mark.parametrize("case", ["ragged", "hub"])
 def test_per_head_edge_features_in_float32(case):
     check_kernel(case, dtype=F32, tol=TOL32, per_head=True)
@@ -253,13 +273,13 @@ def test_fused_equals_mp_with_edge_features(which, p):
         assert_close(a[fin], b[fin], TOL64)
 
 
-@pytest.mark.parametrize("p", [0.0, 0.3])
+@pytest.mark.parametrize("p,m", [(0.0, 9), (0.3, 9), (0.3, 6)])
 @pytest.mark.parametrize("per_head", [True, False])
-def test_one_edge_map_for_keys_and_values(p, per_head, monkeypatch):
+def test_one_edge_map_for_keys_and_values(p, m, per_head, monkeypatch):
     """``TransformerConv``'s case, one map ``W`` for keys and values: a small graph's
     edge term goes to the kernels per edge and head (``a_ij W^T``, ``[E, H, C]``),
     a larger one's by the algebra; both equal ``"mp"``: outputs, ``lse``, weights
-    and every gradient, ``W``'s included."""
+    and every gradient, ``W``'s included, with dropout and with cross-attention."""
     monkeypatch.setattr(cpu.forward, "PER_HEAD_EDGES_MAX", 1 << 30 if per_head else 0)
     monkeypatch.setattr(cpu.forward, "PER_HEAD_EDGES_DEGREE", 100)
     seen = []
@@ -270,7 +290,7 @@ def test_one_edge_map_for_keys_and_values(p, per_head, monkeypatch):
         return real(q, k, v, ptr, col, plan, bias, edge_attr, *rest)
 
     monkeypatch.setattr(cpu, "attention_fwd_op", spy)
-    q, k, v, graph, ea, w, _ = op_inputs(c=4, cv=4)
+    q, k, v, graph, ea, w, _ = op_inputs(m=m, c=4, cv=4)  # m = 6: cross-attention
     res = {}
     for backend in ("fused", "mp"):
         xs = [t.clone().requires_grad_() for t in (q, k, v, ea, w)]

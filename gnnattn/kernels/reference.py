@@ -265,7 +265,8 @@ def attention_fwd(
         dropout: optional attention dropout (see the module docstring).
         plan: from :func:`plan` (unused here: the reference gathers with
             torch, which bounds-checks).
-        edge_attr: optional ``[E, F]`` edge features (CSR order).
+        edge_attr: optional ``[E, F]`` edge features (CSR order), or ``[E, H, F]``
+            per head.
         edge_query: optional ``[N, H, F]``: adds ``edge_query_i . a_ij`` to
             the scores (needs ``edge_attr``).
 
@@ -355,7 +356,7 @@ def attention_bwd(
     Returns:
         ``dq``, ``dk``, ``dv``, ``dbias`` (the score gradient ``dS``
         ``[E, H]``, ``None`` without ``bias``); with ``edge_attr`` also
-        ``dedge_attr`` ``[E, F]`` (``None`` with ``need_dedge_attr=False``,
+        ``dedge_attr`` shaped like ``edge_attr`` (``None`` with ``need_dedge_attr=False``,
         for an ``edge_attr`` that needs no gradient) and ``dedge_query``
         ``[N, H, F]`` (``None`` without ``edge_query``).
     """

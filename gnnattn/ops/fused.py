@@ -47,7 +47,10 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
     ``sum_j P_ij W_v a_ij = W_v sum_j P_ij a_ij``, so ``W_v`` maps the
     kernel's ``edge_out`` ``[N, H, F]``. Both maps are torch ops: autograd
     takes the weights' gradients from the kernel's ``edge_query`` and
-    ``edge_out`` gradients.
+    ``edge_out`` gradients. Except on a small sparse graph where one map
+    serves keys and values (:func:`_per_head_edges`): there the kernel gets
+    ``W a_ij`` per edge and head (``[|E|, H, C]``, one product) with the edge
+    query ``scale * q_i``, and its ``edge_out`` is the output's edge term.
 
     Returns:
         ``out`` ``[N, H, Cv]`` (typed like ``q``), ``lse`` ``[N, H]`` (float32,
@@ -72,11 +75,10 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
     per_head = eac is not None and _per_head_edges(a)
     if per_head:
         assert eac is not None and edge_key is not None
-        # The edge term per edge and head, scaled: scale * a_ij W^T (E, H, C)
-        # (the scale on the small weight, not on an [N, H, C] query), scored
-        # against q_i itself; its aggregate edge_out is unscaled into the output.
-        eac = (eac @ (edge_key.to(dtype).T * scale)).view(-1, h, c)  # (E, H, C)
-        eqc = qc
+        # The edge term per edge and head, a_ij W^T (E, H, C), scored against
+        # scale * q_i; its aggregate edge_out is the output's edge term as it is.
+        eac = (eac @ edge_key.to(dtype).T).view(eac.shape[0], h, c)  # (E, H, C)
+        eqc = qc * scale  # (N, H, C)
     elif edge_attr is not None and edge_key is not None:
         wk = edge_key.view(h, c, -1).to(dtype) * scale  # (H, C, F)
         # A batched matmul over heads (einsum plans its contraction on every call).
@@ -112,7 +114,7 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
         a.dropout_p,
     )
     if per_head:
-        out = torch.add(out, eo, alpha=1.0 / scale)  # (N, H, Cv): + sum_j P_ij W a_ij
+        out = out + eo  # (N, H, Cv): + sum_j P_ij W a_ij
     elif edge_attr is not None and edge_value is not None:
         wv = edge_value.view(h, cv, -1).to(dtype)  # (H, Cv, F)
         out = out + torch.bmm(eo.transpose(0, 1), wv.transpose(1, 2)).transpose(0, 1)  # (N, H, Cv)

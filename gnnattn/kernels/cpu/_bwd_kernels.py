@@ -38,8 +38,9 @@ the score gains ``eq_i . ea_ij`` and ``dp_ij`` gains ``f_ij gg_i . ea_ij``
 ``alpha`` as ``v``'s does), and the destination pass, which reads ``ea_ij``
 in order anyway, also accumulates ``d eq_i = sum_j dS_ij ea_ij`` per target
 and writes ``d ea_ij = sum_h dS_ij^h eq_i^h + alpha_ij^h f_ij^h gg_i^h`` per
-edge. The source pass then reads the stored ``dS`` and ``P`` (above);
-called with an ``[E, H]`` ``dS`` alone it needs the score's edge term too:
+edge (per head, not summed, for per-head features ``[E, H, F]``). The source
+pass then reads the stored ``dS`` and ``P`` (above); called with an ``[E, H]``
+``dS`` alone it needs the score's edge term too:
 ``eq_i`` (one more gathered row of ``H*F``) and ``ea`` at the edge's CSR
 position.
 

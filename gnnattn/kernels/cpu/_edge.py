@@ -177,6 +177,8 @@ def _edge_score_call(s, eq, i, ea, e, h):  # pragma: no cover - compiled
 
 @overload(_prefetch_at, **_OL)
 def _prefetch_at_ol(a, perm, t):  # pragma: no cover - compiled
+    # Per-head edge features ([E, H, F]) come from small graphs only (the
+    # operator's per_head_edges), whose rows are in cache: no prefetch.
     if _none(a) or a.ndim != 2:
         return lambda a, perm, t: None
     return lambda a, perm, t: _prefetch_row(a, perm[t] & _NN)

@@ -117,7 +117,7 @@ def _bwd_dst(
     Returns:
         those of :func:`attention_bwd_dst` (``dS`` also with edge features:
         the source pass reads it as ``ds=`` then; with ``weights`` a view of
-        the ``[E, 2H]`` array), then ``dedge_attr`` ``[E, F]`` and
+        the ``[E, 2H]`` array), then ``dedge_attr`` (shaped like ``edge_attr``) and
         ``dedge_query`` ``[N, H, F]`` in the compute dtype (``None`` without
         ``edge_attr`` or ``need_dedge_attr``, resp. without ``edge_query``),
         then the ``[E, 2H]`` array

@@ -9,8 +9,8 @@ and ``out_i`` are read and written once per target; no ``[E, C]`` array is
 made. Hubs are reduced in pieces whose ``(max, sum, acc)`` are merged in
 piece order.
 
-With edge features (``edge_attr`` ``[E, F]``, read in CSR order), an edge
-query adds ``edge_query_i^h . a_ij`` to the score, and the weights (after
+With edge features (``edge_attr`` ``[E, F]``, or ``[E, H, F]`` per head, read
+in CSR order), an edge query adds ``edge_query_i^h . a_ij`` to the score, and the weights (after
 dropout) also accumulate ``edge_out_i^h = sum_j P_ij^h a_ij`` per target, in
 the same online softmax (rescaled and merged with ``acc``).
 
