@@ -117,6 +117,26 @@ def test_source_pass_from_ds_alone_with_edge_features(case, per_head):
 
 
 @pytest.mark.parametrize("case", ["ragged", "hub"])
+def test_per_head_edge_features_are_a_key_term(case):
+    # With q as the edge query, per-head features join the keys and (through
+    # edge_out) the values as PyG's layer adds them: attention over per-edge keys
+    # k_j + e_ij and values v_j + e_ij (each edge its own source), in the reference
+    # and the kernels; a missing or doubled scale fails here.
+    q, k, v, ptr, col, _ = edge_inputs(case, F64, False)
+    g = torch.Generator().manual_seed(7)
+    e = torch.randn(col.numel(), *q.shape[1:], generator=g, dtype=F64)  # (E, H, C)
+    ids = torch.arange(col.numel())
+    v = torch.randn(k.shape, generator=g, dtype=F64)  # values as wide as the edge term
+    want = ref.attention_fwd(q, k[col] + e, v[col] + e, ptr, ids, 0.3)
+    for kern in (ref, cpu):
+        out, lse, eo = kern.attention_fwd(q, k, v, ptr, col, 0.3, edge_attr=e, edge_query=q)
+        assert_close(out + eo, want[0], TOL64)
+        fin = torch.isfinite(want[1])  # -inf for a target without an edge
+        assert torch.equal(fin, torch.isfinite(lse))
+        assert_close(lse[fin], want[1][fin], TOL64)
+
+
+@pytest.mark.parametrize("case", ["ragged", "hub"])
 def test_per_head_edge_features_in_float32(case):
     check_kernel(case, dtype=F32, tol=TOL32, per_head=True)
 

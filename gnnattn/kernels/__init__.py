@@ -17,7 +17,8 @@ Raw edge features: two more keyword-only options, ``edge_attr`` ``[E, F]``
 (CSR order, read per edge, never gathered) and ``edge_query`` ``[N, H, F]``
 (optional: adds ``edge_query_i^h . edge_attr_ij`` to the score, unscaled).
 The CPU kernels (and the reference) also take per-head features ``[E, H, F]``
-(``edge_query_i^h . edge_attr_ij^h``; ``dedge_attr`` then per head too), which
+(a key's term, scored with the scale: ``scale edge_query_i^h . edge_attr_ij^h``,
+with ``q`` as the edge query; ``dedge_attr`` then per head too), which
 the operator makes of a small graph's shared key/value map where the module
 has ``per_head_edges``; the Triton kernels take ``[E, F]`` only.
 The results grow only when ``edge_attr`` is given:

@@ -33,8 +33,10 @@ The attention functions also take the options every backend has (see
   dropout, those that multiply ``v``), so that a layer can apply a linear map
   ``W_v`` to the aggregate instead of to every edge;
 * ``edge_query``: ``[N, H, F]`` (needs ``edge_attr``), adds
-  ``edge_query_i^h . a_ij`` to the score, unscaled (a layer's ``W_k^T q_i``,
-  with the scale folded in).
+  ``edge_query_i^h . a_ij`` to the score, unscaled for shared features (a
+  layer's ``W_k^T q_i``, with the scale folded in), and times ``scale`` for
+  per-head ones, scored as a key's term (``edge_query`` is then ``q``
+  itself: ``scale q_i . (k_j + W a_ij)``, with no scaled copy of ``q``).
 
 Every per-edge array is in destination-CSR order. ``plan(ptr, col, num_cols)``
 validates a CSR once; the functions take the result as ``plan=`` (the
@@ -218,13 +220,21 @@ def relu_dropout_bwd(y: Tensor, grad: Tensor, scale: float) -> Tensor:
 
 
 def _edge_score(
-    s: Tensor, ptr: Tensor, edge_attr: Tensor | None, edge_query: Tensor | None
+    s: Tensor, ptr: Tensor, edge_attr: Tensor | None, edge_query: Tensor | None, scale: float
 ) -> Tensor:
-    """``s + edge_query_i . a_ij`` per edge and head (``s`` unchanged without a query)."""
+    """``s + edge_query_i . a_ij`` per edge and head (``s`` unchanged without a query;
+    per-head features' term times ``scale``: :func:`_key_term`)."""
     if edge_query is None or edge_attr is None:
         return s
     index = segment_ids(ptr, s.shape[0])
-    return s + (edge_query[index] * _per_head(edge_attr)).sum(-1)  # (E, H)
+    return s + _key_term((edge_query[index] * _per_head(edge_attr)).sum(-1), edge_attr, scale)
+
+
+def _key_term(x: Tensor, edge_attr: Tensor, scale: float) -> Tensor:
+    """``x`` (an edge query's score term, or its gradient's weight) times ``scale`` for
+    per-head features ``[E, H, F]``, which are scored as a key's term; as it is for
+    shared ones."""
+    return x * scale if edge_attr.dim() == 3 else x
 
 
 def _per_head(edge_attr: Tensor) -> Tensor:
@@ -268,7 +278,7 @@ def attention_fwd(
         edge_attr: optional ``[E, F]`` edge features (CSR order), or ``[E, H, F]``
             per head.
         edge_query: optional ``[N, H, F]``: adds ``edge_query_i . a_ij`` to
-            the scores (needs ``edge_attr``).
+            the scores (needs ``edge_attr``; times ``scale`` for per-head features).
 
     Returns:
         ``out`` ``[N, H, Cv]`` and the log-sum-exp ``lse`` ``[N, H]`` of each
@@ -277,7 +287,8 @@ def attention_fwd(
     """
     n, h = ptr.numel() - 1, q.shape[1]
     index = segment_ids(ptr, col.numel())
-    s = _edge_score(attention_scores(q, k, ptr, col, scale, bias), ptr, edge_attr, edge_query)
+    s = attention_scores(q, k, ptr, col, scale, bias)
+    s = _edge_score(s, ptr, edge_attr, edge_query, scale)
     m = segment_max(s, index, n)
     m_safe = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
     e = torch.exp(s - m_safe[index])
@@ -308,7 +319,8 @@ def attention_weights(
 ) -> Tensor:
     """Recompute the weights ``alpha`` ``[E, H]`` (before dropout) from the saved log-sum-exp."""
     index = segment_ids(ptr, col.numel())
-    s = _edge_score(attention_scores(q, k, ptr, col, scale, bias), ptr, edge_attr, edge_query)
+    s = attention_scores(q, k, ptr, col, scale, bias)
+    s = _edge_score(s, ptr, edge_attr, edge_query, scale)
     lse_e = lse[index]
     # A target with lse = -inf has no finite score: all its weights are 0.
     dead = torch.isinf(lse_e) & (lse_e < 0)
@@ -350,7 +362,8 @@ def attention_bwd(
     With ``edge_attr``, ``grad_edge_out`` ``[N, H, F]`` is the gradient of
     the forward's ``edge_out`` (``None``: zero). It adds ``g_i . a_ij`` to
     ``dP_ij``; then ``d edge_query_i = sum_j dS_ij a_ij`` and ``d a_ij =
-    sum_h dS_ij^h edge_query_i^h + P_ij^h g_i^h``. ``D_i`` is then computed
+    sum_h dS_ij^h edge_query_i^h + P_ij^h g_i^h`` (``dS`` times ``scale`` in both
+    for per-head features). ``D_i`` is then computed
     from the edges (``dout_i . out_i`` would miss ``g_i . edge_out_i``).
 
     Returns:
@@ -390,8 +403,9 @@ def attention_bwd(
     dea = torch.zeros_like(edge_attr)
     deq = None
     if edge_query is not None:
-        deq = segment_sum(ds.unsqueeze(-1) * _per_head(edge_attr), index, n)  # (N, H, F)
-        dea = dea + _on_edges(ds.unsqueeze(-1) * edge_query[index], edge_attr)
+        dse = _key_term(ds, edge_attr, scale).unsqueeze(-1)  # (E, H, 1)
+        deq = segment_sum(dse * _per_head(edge_attr), index, n)  # (N, H, F)
+        dea = dea + _on_edges(dse * edge_query[index], edge_attr)
     if ge is not None:
         dea = dea + _on_edges(kept.unsqueeze(-1) * ge, edge_attr)
     dbias = ds if bias is not None else None

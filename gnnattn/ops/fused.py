@@ -49,8 +49,9 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
     takes the weights' gradients from the kernel's ``edge_query`` and
     ``edge_out`` gradients. Except on a small sparse graph where one map
     serves keys and values (:func:`_per_head_edges`): there the kernel gets
-    ``W a_ij`` per edge and head (``[|E|, H, C]``, one product) with the edge
-    query ``scale * q_i``, and its ``edge_out`` is the output's edge term.
+    ``W a_ij`` per edge and head (``[|E|, H, C]``, one product) with ``q`` as the
+    edge query (per-head features are scored with the scale, as keys), and its
+    ``edge_out`` is the output's edge term.
 
     Returns:
         ``out`` ``[N, H, Cv]`` (typed like ``q``), ``lse`` ``[N, H]`` (float32,
@@ -75,10 +76,12 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
     per_head = eac is not None and _per_head_edges(a)
     if per_head:
         assert eac is not None and edge_key is not None
-        # The edge term per edge and head, a_ij W^T (E, H, C), scored against
-        # scale * q_i; its aggregate edge_out is the output's edge term as it is.
+        # The edge term per edge and head, a_ij W^T (E, H, C): the kernels score
+        # per-head features as a key's term, scale * q_i . a_ij W^T, so q itself is
+        # the edge query (no scaled copy, forward or backward); the aggregate
+        # edge_out is the output's edge term as it is.
         eac = (eac @ edge_key.to(dtype).T).view(eac.shape[0], h, c)  # (E, H, C)
-        eqc = qc * scale  # (N, H, C)
+        eqc = qc
     elif edge_attr is not None and edge_key is not None:
         wk = edge_key.view(h, c, -1).to(dtype) * scale  # (H, C, F)
         # A batched matmul over heads (einsum plans its contraction on every call).

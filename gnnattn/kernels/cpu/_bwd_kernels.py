@@ -71,6 +71,7 @@ from ._edge import (
     _edge_score,
     _edge_score_call,
     _factor,
+    _key_term,
     _none,
     _prefetch_at,
     _prefetch_opt,
@@ -135,7 +136,8 @@ def _dst_delta(
             _prefetch_row(v, jj)
         j = col[e] & _NN
         for h in range(nh):
-            s = _edge_score(_score(q, i, k, j, h, cq, scale, bias, e, has_bias), eq, i, ea, e, h)
+            s = _score(q, i, k, j, h, cq, scale, bias, e, has_bias)
+            s = _edge_score(s, eq, i, ea, e, h, scale)
             a = _weight(s, lse[i, h], zero)
             f = _factor(key, dscale, e, h, nh, one)
             dp = _add_g(_dot(dout, i, v, j, h * cv, cv), gg, i, ea, e, h) * f
@@ -192,14 +194,15 @@ def _dst_grad(
                 dp = wp[h, t]
             else:
                 s = _score(q, i, k, j, h, cq, scale, bias, e, has_bias)
-                a = _weight(_edge_score_call(s, eq, i, ea, e, h), lse[i, h], zero)
+                a = _weight(_edge_score_call(s, eq, i, ea, e, h, scale), lse[i, h], zero)
                 dp = _edge_dp(dout, i, v, j, e, key, dscale, h, nh, one, h * cv, cv, gg, ea)
             ds = a * (dp - ld[i, nh + h])
             if keep_ds:
                 dbias[e, h] = ds
             _axpy(acc, ds * scale, k, j, h * cq, cq)
-            _eacc_axpy(eacc, ds, ea, e, h)
-            _dea_add(dea, e, ds, eq, i, h)
+            dse = _key_term(ds, ea, scale)
+            _eacc_axpy(eacc, dse, ea, e, h)
+            _dea_add(dea, e, dse, eq, i, h)
             _dea_add_kept(dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached)
 
 
@@ -340,7 +343,8 @@ def _src_segment(
         i = trow[t] & _NN
         e = (tperm[t] & _NN) if by_pos else t
         for h in range(nh):
-            s = _edge_score(_score(q, i, k, j, h, cq, scale, bias, e, has_bias), eq, i, ea, e, h)
+            s = _score(q, i, k, j, h, cq, scale, bias, e, has_bias)
+            s = _edge_score(s, eq, i, ea, e, h, scale)
             a = _weight(s, ld[i, h], zero)
             f = _factor(key, dscale, e, h, nh, one)
             g = _src_ds(dsv, e, h, a, f, dout, i, v, j, ld[i, nh + h], h * cv, cv) * scale

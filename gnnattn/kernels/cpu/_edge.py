@@ -19,7 +19,8 @@ stored) is chosen the same way.
 
 **Edge features.** The raw edge features ``ea`` ``[E, F]`` (CSR order, read
 sequentially; or ``[E, H, F]``, a row per head: :func:`_ea`), the per-target
-edge query ``eq`` ``[N, H*F]`` (its score term ``eq_i^h . ea_e^h``), the
+edge query ``eq`` ``[N, H*F]`` (its score term ``eq_i^h . ea_e^h``, times the
+scale for per-head features: :func:`_edge_score`), the
 gradient of the forward's ``edge_out`` ``gg`` ``[N, H*F]`` and the per-target
 accumulators of ``edge_out`` / ``d edge_query`` (``eacc``, ``[H*F]``) follow
 the same rule:
@@ -101,8 +102,9 @@ def _src_ds(dsv, e, h, a, f, dout, i, v, j, d, lo, n):  # pragma: no cover - com
     destination pass stored it (``dsv`` not ``None``)."""
 
 
-def _edge_score(s, eq, i, ea, e, h):  # pragma: no cover - compiled only
-    """``s + eq_i^h . ea_e`` (``s`` without an edge query)."""
+def _edge_score(s, eq, i, ea, e, h, scale):  # pragma: no cover - compiled only
+    """``s + eq_i^h . ea_e`` (``s`` without an edge query); per-head features (``[E, H,
+    F]``, a key's term) are scored like keys: ``s + scale eq_i^h . ea_e^h``."""
 
 
 def _add_g(x, gg, i, ea, e, h):  # pragma: no cover - compiled only
@@ -170,9 +172,9 @@ def _edge_dp(
 
 # A call, not inlined, for the same reason as _edge_dp.
 @numba.njit(cache=True, fastmath=set(_FAST))
-def _edge_score_call(s, eq, i, ea, e, h):  # pragma: no cover - compiled
+def _edge_score_call(s, eq, i, ea, e, h, scale):  # pragma: no cover - compiled
     """:func:`_edge_score` for a branch (see :func:`_edge_dp`)."""
-    return _edge_score(s, eq, i, ea, e, h)
+    return _edge_score(s, eq, i, ea, e, h, scale)
 
 
 @overload(_prefetch_at, **_OL)
@@ -273,10 +275,25 @@ def _edge_score_dot(eq, i, ea, e, h):  # pragma: no cover - compiled
 
 
 @overload(_edge_score, **_OL)
-def _edge_score_ol(s, eq, i, ea, e, h):  # pragma: no cover - compiled
+def _edge_score_ol(s, eq, i, ea, e, h, scale):  # pragma: no cover - compiled
     if _none(eq):
-        return lambda s, eq, i, ea, e, h: s
-    return lambda s, eq, i, ea, e, h: s + _edge_score_dot(eq, i, ea, e, h)
+        return lambda s, eq, i, ea, e, h, scale: s
+    if ea.ndim == 3:
+        return lambda s, eq, i, ea, e, h, scale: s + scale * _edge_score_dot(eq, i, ea, e, h)
+    return lambda s, eq, i, ea, e, h, scale: s + _edge_score_dot(eq, i, ea, e, h)
+
+
+def _key_term(x, ea, scale):  # pragma: no cover - compiled only
+    """``x`` as the weight of an edge query's gradient terms (``d eq``, ``d ea`` from
+    ``eq``): ``scale x`` for per-head features, scored with the scale (see
+    :func:`_edge_score`), else ``x``."""
+
+
+@overload(_key_term, **_OL)
+def _key_term_ol(x, ea, scale):  # pragma: no cover - compiled
+    if not _none(ea) and ea.ndim == 3:
+        return lambda x, ea, scale: x * scale
+    return lambda x, ea, scale: x
 
 
 @overload(_add_g, **_OL)

@@ -10,7 +10,8 @@ made. Hubs are reduced in pieces whose ``(max, sum, acc)`` are merged in
 piece order.
 
 With edge features (``edge_attr`` ``[E, F]``, or ``[E, H, F]`` per head, read
-in CSR order), an edge query adds ``edge_query_i^h . a_ij`` to the score, and the weights (after
+in CSR order), an edge query adds ``edge_query_i^h . a_ij`` to the score (times
+the scale for per-head features, a key's term), and the weights (after
 dropout) also accumulate ``edge_out_i^h = sum_j P_ij^h a_ij`` per target, in
 the same online softmax (rescaled and merged with ``acc``).
 
@@ -124,7 +125,7 @@ def _fwd_segment(
             j = col[b0 + t] & _NN
             for h in range(nh):
                 s = _score(q, i, k, j, h, cq, scale, bias, b0 + t, has_bias)
-                sc[h, t] = _edge_score(s, eq, i, ea, b0 + t, h)
+                sc[h, t] = _edge_score(s, eq, i, ea, b0 + t, h, scale)
         for h in range(nh):
             mb = m[h]
             for t in range(nb):
@@ -313,8 +314,8 @@ def attention_fwd(
             sizes, and the kernels run on the plan's (checked) arrays.
         edge_attr: optional ``[E, F]`` raw edge features in CSR order, read
             once per edge and head (never gathered), or ``[E, H, F]``, a row
-            per head (``edge_query_i^h . edge_attr_ij^h``); then ``edge_out``
-            is returned too.
+            per head (``scale edge_query_i^h . edge_attr_ij^h``, a key's term);
+            then ``edge_out`` is returned too.
         edge_query: optional ``[N, H, F]`` (needs ``edge_attr``): adds
             ``edge_query_i^h . edge_attr_ij`` to the score, unscaled.
 
