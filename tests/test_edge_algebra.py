@@ -121,19 +121,29 @@ def test_per_head_edge_features_are_a_key_term(case):
     # With q as the edge query, per-head features join the keys and (through
     # edge_out) the values as PyG's layer adds them: attention over per-edge keys
     # k_j + e_ij and values v_j + e_ij (each edge its own source), in the reference
-    # and the kernels; a missing or doubled scale fails here.
+    # and the kernels, forward and backward; a missing or doubled scale fails here.
     q, k, v, ptr, col, _ = edge_inputs(case, F64, False)
     g = torch.Generator().manual_seed(7)
     e = torch.randn(col.numel(), *q.shape[1:], generator=g, dtype=F64)  # (E, H, C)
-    ids = torch.arange(col.numel())
     v = torch.randn(k.shape, generator=g, dtype=F64)  # values as wide as the edge term
-    want = ref.attention_fwd(q, k[col] + e, v[col] + e, ptr, ids, 0.3)
+    dout = torch.randn(q.shape, generator=g, dtype=F64)
+    ins = [t.clone().requires_grad_() for t in (q, k, v, e)]
+    ids = torch.arange(col.numel())
+    keys, values = ins[1][col] + ins[3], ins[2][col] + ins[3]  # (E, H, C) each
+    want, want_lse = ref.attention_fwd(ins[0], keys, values, ptr, ids, 0.3)
+    dq, dk, dv, de = torch.autograd.grad((want * dout).sum(), ins)
+    fin = torch.isfinite(want_lse)  # -inf for a target without an edge
     for kern in (ref, cpu):
         out, lse, eo = kern.attention_fwd(q, k, v, ptr, col, 0.3, edge_attr=e, edge_query=q)
-        assert_close(out + eo, want[0], TOL64)
-        fin = torch.isfinite(want[1])  # -inf for a target without an edge
+        assert_close(out + eo, want.detach(), TOL64)
         assert torch.equal(fin, torch.isfinite(lse))
-        assert_close(lse[fin], want[1][fin], TOL64)
+        assert_close(lse[fin], want_lse[fin].detach(), TOL64)
+        opts = dict(edge_attr=e, edge_query=q, grad_edge_out=dout)
+        got = kern.attention_bwd(q, k, v, None, lse, dout, ptr, col, 0.3, **opts)
+        # q reaches the scores twice, as the query and as the edge query.
+        assert_close(got[0] + got[5], dq, TOL64)
+        for a, b in zip(got[1:3] + got[4:5], (dk, dv, de), strict=True):
+            assert_close(a, b, TOL64)
 
 
 @pytest.mark.parametrize("case", ["ragged", "hub"])

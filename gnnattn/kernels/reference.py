@@ -362,8 +362,8 @@ def attention_bwd(
     With ``edge_attr``, ``grad_edge_out`` ``[N, H, F]`` is the gradient of
     the forward's ``edge_out`` (``None``: zero). It adds ``g_i . a_ij`` to
     ``dP_ij``; then ``d edge_query_i = sum_j dS_ij a_ij`` and ``d a_ij =
-    sum_h dS_ij^h edge_query_i^h + P_ij^h g_i^h`` (``dS`` times ``scale`` in both
-    for per-head features). ``D_i`` is then computed
+    sum_h dS_ij^h edge_query_i^h + P_ij^h g_i^h`` (per head, not summed, and with
+    ``dS`` times ``scale`` in both, for per-head features). ``D_i`` is then computed
     from the edges (``dout_i . out_i`` would miss ``g_i . edge_out_i``).
 
     Returns:

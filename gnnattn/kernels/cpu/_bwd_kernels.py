@@ -38,7 +38,9 @@ the score gains ``eq_i . ea_ij`` and ``dp_ij`` gains ``f_ij gg_i . ea_ij``
 ``alpha`` as ``v``'s does), and the destination pass, which reads ``ea_ij``
 in order anyway, also accumulates ``d eq_i = sum_j dS_ij ea_ij`` per target
 and writes ``d ea_ij = sum_h dS_ij^h eq_i^h + alpha_ij^h f_ij^h gg_i^h`` per
-edge (per head, not summed, for per-head features ``[E, H, F]``). The source
+edge (per head, not summed, for per-head features ``[E, H, F]``, whose score
+term is a key's, ``scale eq_i . ea_ij``: ``scale dS`` in both gradients, see
+:func:`._edge._key_term`). The source
 pass then reads the stored ``dS`` and ``P`` (above); called with an ``[E, H]``
 ``dS`` alone it needs the score's edge term too:
 ``eq_i`` (one more gathered row of ``H*F``) and ``ea`` at the edge's CSR
@@ -171,7 +173,8 @@ def _dst_grad(
 ):  # pragma: no cover - compiled
 # fmt: on
     """``dq_i += sum_j dS_ij k_j`` over ``s0:e0`` into ``acc`` (and ``dS`` into ``dbias``);
-    with edge features ``d eq_i += sum_j dS_ij ea_ij`` into ``eacc`` and ``d ea`` into ``dea``."""
+    with edge features ``d eq_i += sum_j dS_ij ea_ij`` into ``eacc`` and ``d ea`` into ``dea``
+    (``scale dS`` for per-head features: :func:`._edge._key_term`)."""
     nh = ld.shape[1] // 2
     cq = q.shape[1] // nh
     cv = v.shape[1] // nh

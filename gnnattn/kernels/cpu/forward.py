@@ -317,7 +317,8 @@ def attention_fwd(
             per head (``scale edge_query_i^h . edge_attr_ij^h``, a key's term);
             then ``edge_out`` is returned too.
         edge_query: optional ``[N, H, F]`` (needs ``edge_attr``): adds
-            ``edge_query_i^h . edge_attr_ij`` to the score, unscaled.
+            ``edge_query_i^h . edge_attr_ij`` to the score, unscaled for ``[E, F]``
+            features (times ``scale`` for per-head ones).
 
     Returns:
         ``out`` ``[N, H, Cv]`` typed like ``q`` and the log-sum-exp ``lse``
