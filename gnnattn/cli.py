@@ -410,11 +410,16 @@ def _warmup_steps(device: str) -> list[tuple[str, Callable[[], None]]]:
         out = out[0] if isinstance(out, tuple) else out
         out.sum().backward()
 
-    def edge_step(module: torch.nn.Module, train: bool) -> None:
+    # A graph as sparse as a batch of molecules (2 edges per target): TransformerConv's
+    # edge term goes to the kernels per edge and head there, kernels of their own.
+    few, few_ea = ei[:, : 2 * n], ea[: 2 * n]
+
+    def edge_step(module: torch.nn.Module, train: bool, sparse: bool = False) -> None:
         # Edge features as data, and as the output of an edge encoder (their
         # gradient is a kernel of its own).
-        step(module, x, ei, ea, train=train)
-        step(module, x, ei, ea.clone().requires_grad_(), train=train)
+        edges, attr = (few, few_ea) if sparse else (ei, ea)
+        step(module, x, edges, attr, train=train)
+        step(module, x, edges, attr.clone().requires_grad_(), train=train)
 
     def softmax() -> None:
         # Large enough for the kernel (small inputs take torch's path).
@@ -458,6 +463,16 @@ def _warmup_steps(device: str) -> list[tuple[str, Callable[[], None]]]:
         (
             "edge features, dropout",
             lambda: edge_step(TransformerConv(d, 8, heads, dropout=0.1, edge_dim=4), True),
+        ),
+        (
+            "edge features, small graphs",
+            lambda: edge_step(TransformerConv(d, 8, heads, edge_dim=4), False, sparse=True),
+        ),
+        (
+            "edge features, small graphs, dropout",
+            lambda: edge_step(
+                TransformerConv(d, 8, heads, dropout=0.1, edge_dim=4), True, sparse=True
+            ),
         ),
         (
             "cross-attention",

@@ -130,9 +130,12 @@ def test_warmup_compiles_what_a_first_epoch_needs(tmp_path):
         ei = torch.randint(0, 200, (2, 2000)).unique(dim=1)
         x, ea = torch.randn(200, 32), torch.randn(ei.shape[1], 4)
         learned = ea.clone().requires_grad_()  # from an edge encoder
+        # As sparse as a batch of molecules: the per-edge edge term's kernels.
+        few, few_ea = ei[:, :400], ea[:400]
         for model, args in [
             (TransformerConv(32, 8, heads=4, edge_dim=4, dropout=0.1), (x, ei, ea)),
             (TransformerConv(32, 8, heads=4, edge_dim=4, dropout=0.1), (x, ei, learned)),
+            (TransformerConv(32, 8, heads=4, edge_dim=4, dropout=0.1), (x, few, few_ea)),
             (SelfAttentionConv(32, 4, dropout=0.1), (x, ei)),
             (GraphTransformer(2, 32, 4, dropout=0.1, edge_dim=4), (x, ei, ea)),
             (GraphTransformer(2, 32, 4, dropout=0.1, edge_dim=4, edge_value=True), (x, ei, ea)),
