@@ -394,7 +394,7 @@ def _warmup_steps(device: str) -> list[tuple[str, Callable[[], None]]]:
     makes, float32, on a small sparse graph (each compiles its own kernels)."""
     import torch
 
-    from . import SelfAttentionConv, TransformerConv, scatter_softmax
+    from . import GPSConv, SelfAttentionConv, TransformerConv, scatter_softmax
     from .nn import GraphTransformerLayer
 
     g = torch.Generator().manual_seed(0)
@@ -413,6 +413,8 @@ def _warmup_steps(device: str) -> list[tuple[str, Callable[[], None]]]:
     # A graph as sparse as a batch of molecules (2 edges per target): TransformerConv's
     # edge term goes to the kernels per edge and head there, kernels of their own.
     few, few_ea = ei[:, : 2 * n], ea[: 2 * n]
+    sizes = torch.tensor([n // 2, n // 4, n // 4 - 1, 1])
+    batch = torch.repeat_interleave(torch.arange(4), sizes).to(device)  # (N,)
 
     def edge_step(module: torch.nn.Module, train: bool, sparse: bool = False) -> None:
         # Edge features as data, and as the output of an edge encoder (their
@@ -479,6 +481,11 @@ def _warmup_steps(device: str) -> list[tuple[str, Callable[[], None]]]:
             lambda: step(SelfAttentionConv(d, heads), (x, x[: n // 2]), ei % (n // 2), train=False),
         ),
         ("segment softmax", softmax),
+        (
+            # Graphs of different sizes, complete within each: the block kernel.
+            "global attention over a batch of graphs",
+            lambda: step(GPSConv(d, None, heads=heads), x, ei, batch, train=True),
+        ),
         (
             "activation dropout",
             lambda: step(GraphTransformerLayer(d, heads, dropout=0.1), x, ei, train=True),

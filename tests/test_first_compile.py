@@ -125,9 +125,12 @@ def test_warmup_compiles_what_a_first_epoch_needs(tmp_path):
     epoch = textwrap.dedent(
         """
         import torch
-        from gnnattn import SelfAttentionConv, TransformerConv
+        from torch_geometric.nn import GINConv
+        from gnnattn import GPSConv, SelfAttentionConv, TransformerConv
         from gnnattn.nn import GraphTransformer
         ei = torch.randint(0, 200, (2, 2000)).unique(dim=1)
+        batch = torch.repeat_interleave(torch.arange(5), torch.tensor([50, 40, 30, 45, 35]))
+        gin = GINConv(torch.nn.Linear(32, 32))
         x, ea = torch.randn(200, 32), torch.randn(ei.shape[1], 4)
         learned = ea.clone().requires_grad_()  # from an edge encoder
         # As sparse as a batch of molecules: the per-edge edge term's kernels.
@@ -139,6 +142,7 @@ def test_warmup_compiles_what_a_first_epoch_needs(tmp_path):
             (SelfAttentionConv(32, 4, dropout=0.1), (x, ei)),
             (GraphTransformer(2, 32, 4, dropout=0.1, edge_dim=4), (x, ei, ea)),
             (GraphTransformer(2, 32, 4, dropout=0.1, edge_dim=4, edge_value=True), (x, ei, ea)),
+            (GPSConv(32, gin, heads=4), (x, ei, batch)),  # a batch of molecules
         ]:
             model.train()(*args).sum().backward()
             with torch.no_grad():

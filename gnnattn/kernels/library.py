@@ -10,6 +10,8 @@ instead of a Python function they cannot trace:
 =====================================  ===========================================
 ``attention_fwd`` / ``attention_bwd``  fused sparse attention over a CSR and its
                                        gradients (autograd: the forward's)
+``block_attention_fwd`` / ``_bwd``     attention within complete blocks (a batch
+                                       of small graphs) and its gradients
 ``segment_softmax_fwd`` / ``_bwd``     the stable softmax of CSR segments
 ``dropout``                            dropout by the counter-based stream
 ``relu_dropout`` / ``relu_dropout_bwd``  ``dropout(relu(x))``, backward from the output
@@ -44,7 +46,14 @@ from torch import Tensor
 
 from .common import Dropout, acc_dtype
 
-__all__ = ["attention", "draw_key", "dropout_of", "plan_from_tensors", "plan_tensors"]
+__all__ = [
+    "attention",
+    "block_attention",
+    "draw_key",
+    "dropout_of",
+    "plan_from_tensors",
+    "plan_tensors",
+]
 
 _OFFSET_MASK = 0x7FFF_FFFF
 
@@ -487,6 +496,120 @@ def attention(*inputs: Any) -> tuple[Tensor, Tensor, Tensor]:
     if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in inputs):
         return _Attention.apply(*inputs)
     return _attention_fwd(*inputs)
+
+
+# --------------------------------------------------------------------------- block attention
+
+
+def _block_kernels(device: torch.device) -> Any:
+    """The module with the block kernels for ``device`` (the CPU's; the reference elsewhere)."""
+    kern = get(device)
+    if not hasattr(kern, "block_attention_fwd"):
+        from . import reference
+
+        return reference
+    return kern
+
+
+def _block_attention_fwd(
+    q: Tensor, k: Tensor, v: Tensor, ptr: Tensor, scale: float
+) -> tuple[Tensor, Tensor]:
+    """``(out, lse)`` of attention within each complete block of ``ptr`` (the nodes
+    ``ptr[b] .. ptr[b + 1]`` attend to each other): :mod:`.cpu.blocks`."""
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    return _block_kernels(q.device).block_attention_fwd(q, k, v, ptr, scale)
+
+
+block_attention_fwd = torch.library.custom_op("gnnattn::block_attention_fwd", mutates_args=())(
+    _block_attention_fwd
+)
+
+
+@block_attention_fwd.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, ptr: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    return q.new_empty(q.shape), q.new_empty(q.shape[:2])
+
+
+def _block_attention_bwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad: Tensor,
+    ptr: Tensor,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of ``block_attention_fwd``."""
+    q, k, v, grad = (t.contiguous() for t in (q, k, v, grad))
+    kern = _block_kernels(q.device)
+    return kern.block_attention_bwd(q, k, v, out, lse, grad, ptr, scale)
+
+
+block_attention_bwd = torch.library.custom_op("gnnattn::block_attention_bwd", mutates_args=())(
+    _block_attention_bwd
+)
+
+
+@block_attention_bwd.register_fake
+def _(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad: Tensor,
+    ptr: Tensor,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _block_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, ptr, scale = inputs
+    ctx.save_for_backward(q, k, v, *output, ptr)
+    ctx.scale = scale
+
+
+def _block_backward(ctx: Any, grad: Tensor, _grad_lse: Tensor | None) -> tuple[Any, ...]:
+    # lse is an output for the backward only: no caller differentiates it.
+    q, k, v, out, lse, ptr = ctx.saved_tensors
+    inputs = (q, k, v, out, lse, grad, ptr, ctx.scale)
+    run = _block_attention_bwd if _eager(inputs) else torch.ops.gnnattn.block_attention_bwd
+    dq, dk, dv = run(*inputs)
+    return dq, dk, dv, None, None
+
+
+block_attention_fwd.register_autograd(_block_backward, setup_context=_block_setup)
+
+
+class _BlockAttention(torch.autograd.Function):
+    """``block_attention_fwd``'s registered autograd on its implementation (eager)."""
+
+    @staticmethod
+    def forward(ctx: Any, *inputs: Any) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        output = _block_attention_fwd(*inputs)
+        _block_setup(ctx, inputs, output)
+        ctx.mark_non_differentiable(output[1])
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> Any:  # type: ignore[override]
+        return _block_backward(ctx, *grads)
+
+
+def block_attention(q: Tensor, k: Tensor, v: Tensor, ptr: Tensor, scale: float) -> Tensor:
+    """Attention within each complete block of ``ptr``, ``[N, H, C]``, with its autograd.
+
+    ``torch.ops.gnnattn.block_attention_fwd``; in eager mode on plain tensors
+    its implementation runs directly, as in :func:`attention`.
+    """
+    inputs = (q, k, v, ptr, scale)
+    if not _eager(inputs):
+        return torch.ops.gnnattn.block_attention_fwd(*inputs)[0]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _BlockAttention.apply(*inputs)[0]
+    return _block_attention_fwd(*inputs)[0]
 
 
 # --------------------------------------------------------------------------- segment softmax

@@ -60,6 +60,8 @@ __all__ = [
     "attention_fwd",
     "attention_scores",
     "attention_weights",
+    "block_attention_bwd",
+    "block_attention_fwd",
     "dropout",
     "dropout_factor",
     "plan",
@@ -410,3 +412,46 @@ def attention_bwd(
         dea = dea + _on_edges(kept.unsqueeze(-1) * ge, edge_attr)
     dbias = ds if bias is not None else None
     return dq, dk, dv, dbias, (dea if need_dedge_attr else None), deq
+
+
+def block_attention_fwd(
+    q: Tensor, k: Tensor, v: Tensor, ptr: Tensor, scale: float
+) -> tuple[Tensor, Tensor]:
+    """``(out [N, H, C], lse [N, H])`` of attention within each complete block of ``ptr``
+    (int64 ``[B + 1]``: the nodes ``ptr[b] .. ptr[b + 1]`` attend to each other), by
+    dense attention per block."""
+    outs, lses = [], []
+    for a, b in zip(ptr[:-1].tolist(), ptr[1:].tolist(), strict=True):
+        s = torch.einsum("nhc,mhc->hnm", q[a:b], k[a:b]) * scale  # (H, T, T)
+        lse = torch.logsumexp(s, -1)  # (H, T)
+        p = torch.exp(s - lse.unsqueeze(-1))
+        outs.append(torch.einsum("hnm,mhc->nhc", p, v[a:b]))
+        lses.append(lse.t())
+    if not outs:
+        return torch.empty_like(q), q.new_empty(q.shape[:2])
+    return torch.cat(outs), torch.cat(lses)
+
+
+def block_attention_bwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad: Tensor,
+    ptr: Tensor,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of :func:`block_attention_fwd`: with ``P = exp(S - lse)``,
+    ``dS = P * (grad V^T - D)``, ``D_i = grad_i . out_i``."""
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    d = (grad * out).sum(-1)  # (N, H)
+    for a, b in zip(ptr[:-1].tolist(), ptr[1:].tolist(), strict=True):
+        s = torch.einsum("nhc,mhc->hnm", q[a:b], k[a:b]) * scale  # (H, T, T)
+        p = torch.exp(s - lse[a:b].t().unsqueeze(-1))
+        dp = torch.einsum("nhc,mhc->hnm", grad[a:b], v[a:b])
+        ds = p * (dp - d[a:b].t().unsqueeze(-1))
+        dq[a:b] = torch.einsum("hnm,mhc->nhc", ds, k[a:b]) * scale
+        dk[a:b] = torch.einsum("hnm,nhc->mhc", ds, q[a:b]) * scale
+        dv[a:b] = torch.einsum("hnm,nhc->mhc", p, grad[a:b])
+    return dq, dk, dv

@@ -18,10 +18,17 @@ SDPA call per bucket (about ``log(T_max) / log(1 / 0.92)`` of them, as
 lengths within 8% of each other share one). The plan (the gather indices
 and masks) is built once per graph and device and kept on the graph
 (:meth:`~gnnattn.AttentionGraph.derived`).
+
+On the CPU, complete blocks of different lengths up to
+:data:`BLOCK_KERNEL_MAX` nodes (a batch of molecules) skip the buckets: one
+call of the block kernel (``torch.ops.gnnattn.block_attention_fwd``,
+:mod:`gnnattn.kernels.cpu.blocks`) attends within every block, unpadded,
+forward and backward; SDPA's per-call setup dominates at such sizes.
 """
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import NamedTuple
 
 import torch
@@ -30,13 +37,27 @@ from torch import Tensor
 
 from ..graphs import AttentionGraph
 from ..kernels.common import acc_dtype
+from ..kernels.library import block_attention
 
-__all__ = ["MAX_PADDING", "SDPABucket", "SDPAPlan", "sdpa_attention", "sdpa_plan"]
+__all__ = [
+    "BLOCK_KERNEL_MAX",
+    "MAX_PADDING",
+    "SDPABucket",
+    "SDPAPlan",
+    "sdpa_attention",
+    "sdpa_plan",
+]
 
 #: The most padded pairs a bucket of blocks may hold, as a fraction of all its
 #: pairs (padded and real): a bucket of longest block ``T`` takes blocks down
 #: to about ``0.92 T`` (``0.92^2 = 0.85``).
 MAX_PADDING = 0.15
+
+#: The longest block that the block kernel takes on the CPU. Measured against
+#: the buckets (forward+backward, float32, H = 4, C = 16, 2 threads): about
+#: 0.7-0.8x their time for blocks of 32-64 nodes, level near 100-128, slower
+#: beyond (aten's flash kernel has the better inner loops for long blocks).
+BLOCK_KERNEL_MAX = 64
 
 
 def _window_mask(graph: AttentionGraph, t: int, device: torch.device) -> Tensor | None:
@@ -172,6 +193,32 @@ def _bucketed(
     return torch.cat(outs).index_select(0, plan.take)  # (N, H, Cv)
 
 
+def _block_kernel(q: Tensor, v: Tensor, graph: AttentionGraph, dropout_p: float, tmax: int) -> bool:
+    """Whether the blocks go to the block kernel (:mod:`gnnattn.kernels.cpu.blocks`):
+    complete blocks of at most :data:`BLOCK_KERNEL_MAX` nodes on the CPU, float32 or
+    float64, ``C = Cv``, without dropout (SDPA's dropout is torch's generator's)."""
+    s = graph.structure
+    assert s is not None
+    return (
+        q.device.type == "cpu"
+        and s.kind == "complete"
+        and tmax <= BLOCK_KERNEL_MAX
+        and dropout_p == 0.0
+        and q.dtype in (torch.float32, torch.float64)
+        and q.shape[-1] == v.shape[-1]
+    )
+
+
+def _block_ptr(graph: AttentionGraph, device: torch.device) -> Tensor:
+    """The blocks' starts and ``N`` (int64 ``[B + 1]``), kept on the graph."""
+    s = graph.structure
+    assert s is not None
+    return graph.derived(
+        ("block_ptr", str(device)),
+        lambda: torch.tensor([0, *accumulate(s.lengths)], dtype=torch.int64, device=device),
+    )
+
+
 def _gather_weights(
     q: Tensor, k: Tensor, graph: AttentionGraph, scale: float, mask: Tensor | None
 ) -> Tensor:
@@ -243,6 +290,8 @@ def sdpa_attention(
             qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
         )
         out = ob.transpose(1, 2).reshape(n, h, cv)  # (N, H, Cv)
+    elif _block_kernel(q, v, graph, dropout_p, tmax):
+        out = block_attention(q, k, v, _block_ptr(graph, q.device), scale)
     else:
         out = _bucketed(q, k, v, graph, scale, dropout_p)
     weights = _gather_weights(q, k, graph, scale, mask) if need_weights else None

@@ -35,6 +35,7 @@ Layout:
 * :mod:`.softmax`, :mod:`.forward`, :mod:`.backward` (kernels in
   :mod:`._bwd_kernels`): the public kernels;
 * :mod:`.op`: the attention operator's entries, over a graph's plans, unchecked;
+* :mod:`.blocks`: attention within complete blocks (a batch of small graphs);
 * :mod:`.dropout`: dropout of a dense tensor by the same stream, alone or
   after a ReLU.
 
@@ -65,6 +66,7 @@ from .backward import (
     attention_bwd_src,
     serial_source_pass,
 )
+from .blocks import block_attention_bwd, block_attention_fwd
 from .dropout import dropout, relu_dropout, relu_dropout_bwd
 from .forward import attention_fwd, per_head_edges
 from .op import attention_bwd_op, attention_fwd_op
@@ -87,6 +89,8 @@ __all__ = [
     "attention_bwd_src",
     "attention_fwd",
     "attention_fwd_op",
+    "block_attention_bwd",
+    "block_attention_fwd",
     "csc_plan_tensors",
     "csr_plan_tensors",
     "dropout",
