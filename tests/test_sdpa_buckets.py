@@ -5,6 +5,8 @@ Every block is checked against dense attention on that block alone (float64,
 buckets are checked to cover every block once within the padding bound; and
 a change to one graph's rows must leave every other graph's outputs and
 gradients exactly as they were (no padding mask leaks between graphs).
+Complete blocks short enough for the block kernel take it on the CPU; the
+``complete_buckets`` cases force them into buckets too.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 import torch
 
 from gnnattn import AttentionGraph, attention
+from gnnattn.ops import sdpa
 from gnnattn.ops.sdpa import MAX_PADDING, sdpa_plan
 
 H, C = 2, 3
@@ -29,7 +32,7 @@ MIXES = {
 
 
 def _graph(kind: str, lengths: list[int]) -> AttentionGraph:
-    if kind == "complete":
+    if kind in ("complete", "complete_buckets"):
         return AttentionGraph.complete(lengths=lengths)
     if kind == "causal":
         return AttentionGraph.causal(lengths=lengths)
@@ -39,7 +42,7 @@ def _graph(kind: str, lengths: list[int]) -> AttentionGraph:
 def _block_mask(kind: str, t: int) -> torch.Tensor:
     """``[T, T]`` which keys each query of one block attends (``True`` = attend)."""
     d = torch.arange(t).view(-1, 1) - torch.arange(t).view(1, -1)
-    if kind == "complete":
+    if kind in ("complete", "complete_buckets"):
         return torch.ones(t, t, dtype=torch.bool)
     if kind == "causal":
         return d >= 0
@@ -65,9 +68,19 @@ def _qkv(n: int, seed: int = 0, dtype=torch.float64):
     return [torch.randn(n, H, C, generator=g, dtype=dtype).requires_grad_() for _ in range(3)]
 
 
-@pytest.mark.parametrize("kind", ["complete", "causal", "window", "causal_window"])
+@pytest.fixture
+def buckets_only(monkeypatch):
+    """Complete blocks in buckets too (not the block kernel, which takes the short ones)."""
+    monkeypatch.setattr(sdpa, "BLOCK_KERNEL_MAX", 0)
+
+
+@pytest.mark.parametrize(
+    "kind", ["complete", "complete_buckets", "causal", "window", "causal_window"]
+)
 @pytest.mark.parametrize("mix", list(MIXES))
-def test_bucketed_equals_dense_per_block(kind: str, mix: str) -> None:
+def test_bucketed_equals_dense_per_block(kind: str, mix: str, request) -> None:
+    if kind == "complete_buckets":
+        request.getfixturevalue("buckets_only")
     lengths = MIXES[mix]
     graph = _graph(kind, lengths)
     if kind in ("window", "causal_window") and graph.structure.kind != kind:
@@ -119,10 +132,12 @@ def test_plan_is_built_once_per_graph() -> None:
     assert graph.derived(key, lambda: None) is plan
 
 
-@pytest.mark.parametrize("kind", ["complete", "causal", "window"])
-def test_no_padding_leaks_between_graphs(kind: str) -> None:
+@pytest.mark.parametrize("kind", ["complete", "complete_buckets", "causal", "window"])
+def test_no_padding_leaks_between_graphs(kind: str, request) -> None:
     """Changing one graph's rows (to huge values) changes no other graph's
     output, and no other graph's rows get gradient from it."""
+    if kind == "complete_buckets":
+        request.getfixturevalue("buckets_only")
     lengths = [5, 1, 40, 6, 38, 2, 39]
     graph = _graph(kind, lengths)
     q, k, v = _qkv(sum(lengths), seed=1)

@@ -62,7 +62,9 @@ class GPSConv(torch.nn.Module):
     ``attn``'s projections run on the real nodes only and
     :func:`gnnattn.attention` runs on :meth:`AttentionGraph.complete
     <gnnattn.AttentionGraph.complete>` of the batch's graphs (on ``"sdpa"``,
-    the graphs bucketed by size, so that none is padded to the largest). ``attn``'s
+    the graphs bucketed by size, so that none is padded to the largest; on
+    the CPU, graphs of at most 128 nodes all in one call of the block kernel,
+    unpadded). ``attn``'s
     dropout is the operator's attention dropout while training; the
     activation dropouts (``dropout``) draw from :func:`gnnattn.ops.dropout`'s
     stream (the MLP's are :class:`gnnattn.nn.Dropout`, a

@@ -20,7 +20,7 @@ and masks) is built once per graph and device and kept on the graph
 (:meth:`~gnnattn.AttentionGraph.derived`).
 
 On the CPU, complete blocks of different lengths up to
-:data:`BLOCK_KERNEL_MAX` nodes (a batch of molecules) skip the buckets: one
+:data:`BLOCK_KERNEL_MAX` (128) nodes (a batch of molecules) skip the buckets: one
 call of the block kernel (``torch.ops.gnnattn.block_attention_fwd``,
 :mod:`gnnattn.kernels.cpu.blocks`) attends within every block, unpadded,
 forward and backward; SDPA's per-call setup dominates at such sizes.
@@ -54,10 +54,11 @@ __all__ = [
 MAX_PADDING = 0.15
 
 #: The longest block that the block kernel takes on the CPU. Measured against
-#: the buckets (forward+backward, float32, H = 4, C = 16, 2 threads): about
-#: 0.7-0.8x their time for blocks of 32-64 nodes, level near 100-128, slower
-#: beyond (aten's flash kernel has the better inner loops for long blocks).
-BLOCK_KERNEL_MAX = 64
+#: the buckets (forward+backward, float32, H = 4, C = 16, 2 threads, blocks of
+#: T/2..T nodes): 0.56-0.68x their time up to T = 96, 0.82x at 128, 0.93x at
+#: 192-256, 1.05x at 384 and 1.17x at 512 (aten's flash kernel has the better
+#: inner loops for long blocks).
+BLOCK_KERNEL_MAX = 128
 
 
 def _window_mask(graph: AttentionGraph, t: int, device: torch.device) -> Tensor | None:
