@@ -9,6 +9,7 @@ kernel's padding, logits scaled by 1e3), forward and gradients, float64 at
 
 from __future__ import annotations
 
+import numba
 import pytest
 import torch
 
@@ -89,13 +90,14 @@ def test_float32_matches_float64() -> None:
         torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="numba has one thread")
 def test_same_result_on_every_thread_count() -> None:
     ptr = _ptr([31, 2, 50, 9, 9, 17])
     q, k, v = _qkv(int(ptr[-1]), torch.float32, h=4, c=16)
     before = torch.get_num_threads()
     try:
         results = []
-        for threads in (1, 2, 3):
+        for threads in (1, 2, numba.config.NUMBA_NUM_THREADS):
             torch.set_num_threads(threads)
             out, lse = _cpu().block_attention_fwd(q, k, v, ptr, 0.25)
             results.append((out, lse, *_cpu().block_attention_bwd(q, k, v, out, lse, q, ptr, 0.25)))
@@ -133,11 +135,38 @@ def test_sdpa_backend_takes_the_block_kernel(lengths, kind, blocks) -> None:
     graph = make(lengths=lengths)
     q, k, v = (t.requires_grad_() for t in _qkv(sum(lengths), torch.float64))
     out = attention(q, k, v, graph, scale=0.5, backend="sdpa")
-    assert (graph.derived(("block_ptr", "cpu"), lambda: None) is not None) == blocks
+    assert (graph.peek(("block_ptr", "cpu")) is not None) == blocks
     want = attention(q, k, v, graph, scale=0.5, backend="mp")
     torch.testing.assert_close(out, want, atol=1e-10, rtol=0)
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, (q, k, v), grad)
     wants = torch.autograd.grad(want, (q, k, v), grad)
     for a, b in zip(got, wants, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "dtype,dropout_p,cv",
+    [(torch.bfloat16, 0.0, 5), (torch.float64, 0.3, 5), (torch.float64, 0.0, 4)],
+)
+def test_what_the_block_kernel_refuses(dtype, dropout_p, cv) -> None:
+    """Half precision (numba has none), dropout (SDPA's own stream) and values of
+    another width than the keys go to the buckets."""
+    graph = AttentionGraph.complete(lengths=[5, 1, 40])
+    q, k = _qkv(46, torch.float64)[:2]
+    v = torch.randn(46, 3, cv, dtype=torch.float64)
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    attention(q, k, v, graph, scale=0.5, backend="sdpa", dropout_p=dropout_p)
+    assert graph.peek(("block_ptr", "cpu")) is None
+    assert graph.peek(("sdpa_plan", "cpu")) is not None
+
+
+def test_weights_and_lse_on_the_block_path() -> None:
+    graph = AttentionGraph.complete(lengths=[5, 1, 40])
+    q, k, v = _qkv(46, torch.float64)
+    got = attention(q, k, v, graph, backend="sdpa", need_weights=True, return_lse=True)
+    want = attention(q, k, v, graph, backend="mp", need_weights=True, return_lse=True)
+    assert graph.peek(("block_ptr", "cpu")) is not None
+    assert got.backend == "sdpa"
+    for a, b in zip(got[:3], want[:3], strict=True):  # out, lse, weights
         torch.testing.assert_close(a, b, atol=1e-10, rtol=0)

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .common import Dropout, acc_dtype
 
@@ -516,6 +517,9 @@ def _block_attention_fwd(
 ) -> tuple[Tensor, Tensor]:
     """``(out, lse)`` of attention within each complete block of ``ptr`` (the nodes
     ``ptr[b] .. ptr[b + 1]`` attend to each other): :mod:`.cpu.blocks`."""
+    # The kernel reads every row of ptr's blocks, v as wide as k: unchecked, a
+    # wrong shape would read out of bounds.
+    assert q.shape == k.shape == v.shape and int(ptr[-1]) == q.shape[0]
     q, k, v = (t.contiguous() for t in (q, k, v))
     return _block_kernels(q.device).block_attention_fwd(q, k, v, ptr, scale)
 
@@ -569,10 +573,12 @@ def _block_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor
     q, k, v, ptr, scale = inputs
     ctx.save_for_backward(q, k, v, *output, ptr)
     ctx.scale = scale
+    # lse is an output for the backward only: its gradient would be dropped.
+    ctx.mark_non_differentiable(output[1])
 
 
+@once_differentiable
 def _block_backward(ctx: Any, grad: Tensor, _grad_lse: Tensor | None) -> tuple[Any, ...]:
-    # lse is an output for the backward only: no caller differentiates it.
     q, k, v, out, lse, ptr = ctx.saved_tensors
     inputs = (q, k, v, out, lse, grad, ptr, ctx.scale)
     run = _block_attention_bwd if _eager(inputs) else torch.ops.gnnattn.block_attention_bwd
@@ -590,7 +596,6 @@ class _BlockAttention(torch.autograd.Function):
     def forward(ctx: Any, *inputs: Any) -> tuple[Tensor, Tensor]:  # type: ignore[override]
         output = _block_attention_fwd(*inputs)
         _block_setup(ctx, inputs, output)
-        ctx.mark_non_differentiable(output[1])
         return output
 
     @staticmethod
@@ -604,6 +609,8 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, ptr: Tensor, scale: float) 
     ``torch.ops.gnnattn.block_attention_fwd``; in eager mode on plain tensors
     its implementation runs directly, as in :func:`attention`.
     """
+    # Contiguous before the op, so that the backward reuses the forward's copies.
+    q, k, v = (t.contiguous() for t in (q, k, v))
     inputs = (q, k, v, ptr, scale)
     if not _eager(inputs):
         return torch.ops.gnnattn.block_attention_fwd(*inputs)[0]

@@ -63,7 +63,8 @@ class GPSConv(torch.nn.Module):
     :func:`gnnattn.attention` runs on :meth:`AttentionGraph.complete
     <gnnattn.AttentionGraph.complete>` of the batch's graphs (on ``"sdpa"``,
     the graphs bucketed by size, so that none is padded to the largest; on
-    the CPU, graphs of at most 128 nodes all in one call of the block kernel,
+    the CPU, graphs of different sizes up to 128 nodes, float32 or float64
+    and without attention dropout, all in one call of the block kernel,
     unpadded). ``attn``'s
     dropout is the operator's attention dropout while training; the
     activation dropouts (``dropout``) draw from :func:`gnnattn.ops.dropout`'s

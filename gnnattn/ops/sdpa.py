@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..graphs import AttentionGraph
+from ..kernels import COMPILED
 from ..kernels.common import acc_dtype
 from ..kernels.library import block_attention
 
@@ -197,11 +198,13 @@ def _bucketed(
 def _block_kernel(q: Tensor, v: Tensor, graph: AttentionGraph, dropout_p: float, tmax: int) -> bool:
     """Whether the blocks go to the block kernel (:mod:`gnnattn.kernels.cpu.blocks`):
     complete blocks of at most :data:`BLOCK_KERNEL_MAX` nodes on the CPU, float32 or
-    float64, ``C = Cv``, without dropout (SDPA's dropout is torch's generator's)."""
+    float64, ``C = Cv``, without dropout (SDPA's dropout is torch's generator's), where
+    numba is installed (the reference, a loop over the blocks, is slower than buckets)."""
     s = graph.structure
     assert s is not None
     return (
         q.device.type == "cpu"
+        and "cpu" in COMPILED
         and s.kind == "complete"
         and tmax <= BLOCK_KERNEL_MAX
         and dropout_p == 0.0
@@ -264,7 +267,9 @@ def sdpa_attention(
     Equal-length blocks go through one ``[B, H, T, C]`` call (``is_causal`` for
     causal graphs, no mask for complete ones: SDPA's fused CPU/GPU kernels).
     Blocks of different lengths run bucketed by length (the module's
-    docstring), each bucket with a key-padding mask.
+    docstring), each bucket with a key-padding mask; on the CPU, complete
+    ones of at most :data:`BLOCK_KERNEL_MAX` nodes (float32/float64, no
+    dropout) in one call of the block kernel instead.
     With ``need_weights`` the weights are computed once more through the
     matrix and gathered on the edges (the slower, documented path).
 

@@ -37,7 +37,8 @@ Arithmetic. Each task is computed by one thread in a fixed order, so the
 results are the same on every run and thread count. Float32 accumulates in
 float32 (as SDPA's CPU kernel), float64 in float64. No masks: every node of
 a block is a key of every other, so every row has a finite maximum for finite
-inputs; a NaN or ``inf`` input makes its row NaN.
+inputs; a NaN or ``inf`` in a query makes its row NaN, in a key or value every
+row of its block (that head's).
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ def _fwd(q, k, v, ptr, scale, runs, out, lse):  # pragma: no cover - compiled
                     e = _exp(s[j] - m)
                     s[j] = e
                     tot += e
-                inv = 1 / tot
+                inv = q.dtype.type(1) / tot
                 for c in range(c_dim):
                     vc = vT[c]
                     acc = q.dtype.type(0)
@@ -228,15 +229,22 @@ def _scalar(scale: float, t: Tensor) -> float:
 def block_attention_fwd(
     q: Tensor, k: Tensor, v: Tensor, ptr: Tensor, scale: float
 ) -> tuple[Tensor, Tensor]:
-    """``(out [N, H, C], lse [N, H])`` of attention within each block of ``ptr``.
+    """Attention within each complete block of ``ptr`` (the module's docstring).
 
-    ``q``, ``k``, ``v``: contiguous ``[N, H, C]`` float32 or float64 on the CPU;
-    ``ptr``: int64 ``[B + 1]``, the blocks' starts and ``N`` (the caller checked both).
+    Args:
+        q, k, v (Tensor): contiguous ``[N, H, C]``, float32 or float64, on the CPU
+            (the caller checked them).
+        ptr (Tensor): int64 ``[B + 1]``, the blocks' starts, then ``N``.
+        scale (float): the scores' factor.
+
+    Returns:
+        ``(out [N, H, C], lse [N, H])``, new tensors.
     """
     out = torch.empty_like(q)
     lse = q.new_empty(q.shape[:2])
     runs = 2 * _threads()
-    arrays = (t.numpy() for t in (q, k, v, ptr))
+    # detach: .numpy() refuses a tensor that requires grad (no copy is made).
+    arrays = (t.detach().numpy() for t in (q, k, v, ptr))
     _fwd(*arrays, _scalar(scale, q), runs, out.numpy(), lse.numpy())
     return out, lse
 
@@ -251,9 +259,18 @@ def block_attention_bwd(
     ptr: Tensor,
     scale: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` of :func:`block_attention_fwd` (every input contiguous)."""
+    """The gradients of :func:`block_attention_fwd`, from its saved ``lse``.
+
+    Args:
+        q, k, v, ptr, scale: the forward's (contiguous).
+        out, lse (Tensor): the forward's results.
+        grad (Tensor): the gradient of ``out``, contiguous ``[N, H, C]``.
+
+    Returns:
+        ``(dq, dk, dv)``, new tensors.
+    """
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     runs = 2 * _threads()
-    arrays = (t.numpy() for t in (q, k, v, out, lse, grad, ptr))
+    arrays = (t.detach().numpy() for t in (q, k, v, out, lse, grad, ptr))
     _bwd(*arrays, _scalar(scale, q), runs, dq.numpy(), dk.numpy(), dv.numpy())
     return dq, dk, dv
