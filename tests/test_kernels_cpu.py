@@ -561,6 +561,7 @@ def test_options_in_float32_with_int32_ids():
 def test_cpu_has_the_reference_api():
     names = ["segment_softmax_fwd", "segment_softmax_bwd", "segment_ptr"]
     names += ["attention_fwd", "attention_bwd", "plan"]
+    names += ["block_attention_fwd", "block_attention_bwd"]
     for name in names:
         mine = list(inspect.signature(getattr(cpu, name)).parameters.values())
         theirs = list(inspect.signature(getattr(ref, name)).parameters.values())
