@@ -97,10 +97,15 @@ def _padded_max(ptr):  # pragma: no cover - compiled
 
 
 @numba.njit(**_INLINE)
-def _load_block(k, v, s0, t, tp, h, kT, vT):  # pragma: no cover - compiled
-    """Block rows ``s0 .. s0 + t`` of head ``h`` of ``k`` and ``v`` into ``[C, tp]``,
-    zero past ``t``."""
-    c_dim = k.shape[2]
+def _load_task(k, v, ptr, task, kT, vT):  # pragma: no cover - compiled
+    """Task ``block * H + head``'s keys and values into ``[C, tp]`` (zero past the
+    block's ``t`` rows); ``(head, first row, t, tp)``, ``tp`` = ``t`` rounded up to
+    :data:`_PAD`."""
+    heads, c_dim = k.shape[1], k.shape[2]
+    b, h = task // heads, task % heads
+    s0 = ptr[b]
+    t = ptr[b + 1] - s0
+    tp = (t + _PAD - 1) // _PAD * _PAD
     for j in range(t):
         for c in range(c_dim):
             kT[c, j] = k[s0 + j, h, c]
@@ -109,6 +114,7 @@ def _load_block(k, v, s0, t, tp, h, kT, vT):  # pragma: no cover - compiled
         for c in range(c_dim):
             kT[c, j] = 0
             vT[c, j] = 0
+    return h, s0, t, tp
 
 
 @numba.njit(**_INLINE)
@@ -134,11 +140,7 @@ def _fwd(q, k, v, ptr, scale, runs, out, lse):  # pragma: no cover - compiled
         s = np.empty(tmax, q.dtype)
         qs = np.empty(c_dim, q.dtype)
         for x in range(starts[r], starts[r + 1]):
-            b, h = tasks[x] // heads, tasks[x] % heads
-            s0 = ptr[b]
-            t = ptr[b + 1] - s0
-            tp = (t + _PAD - 1) // _PAD * _PAD
-            _load_block(k, v, s0, t, tp, h, kT, vT)
+            h, s0, t, tp = _load_task(k, v, ptr, tasks[x], kT, vT)
             for i in range(s0, s0 + t):
                 for c in range(c_dim):
                     qs[c] = q[i, h, c] * scale
@@ -178,11 +180,7 @@ def _bwd(q, k, v, out, lse, dout, ptr, scale, runs, dq, dk, dv):  # pragma: no c
         qs = np.empty(c_dim, q.dtype)
         dos = np.empty(c_dim, q.dtype)
         for x in range(starts[r], starts[r + 1]):
-            b, h = tasks[x] // heads, tasks[x] % heads
-            s0 = ptr[b]
-            t = ptr[b + 1] - s0
-            tp = (t + _PAD - 1) // _PAD * _PAD
-            _load_block(k, v, s0, t, tp, h, kT, vT)
+            h, s0, t, tp = _load_task(k, v, ptr, tasks[x], kT, vT)
             dkT[:, :tp] = 0
             dvT[:, :tp] = 0
             for i in range(s0, s0 + t):
