@@ -96,6 +96,14 @@ def test_per_head_edge_features_match_reference(case, dropout):
     check_kernel(case, with_bias=True, dropout=dropout, logits=1e3, per_head=True)
 
 
+@pytest.mark.parametrize(("query", "grad"), [(False, True), (True, False), (False, False)])
+@pytest.mark.parametrize("dropout", [None, DROP])
+def test_per_head_edge_gradient_with_a_term_absent(query, grad, dropout):
+    """``dedge_attr`` per head is stored whole (``dse eq_i + a f gg_i``, no zeroing): with
+    the edge query's term or ``edge_out``'s gradient absent, the other alone (or 0)."""
+    check_kernel("ragged", dropout=dropout, query=query, grad=grad, per_head=True)
+
+
 @pytest.mark.parametrize("per_head", [False, True])
 @pytest.mark.parametrize("case", ["ragged", "source hub"])
 def test_source_pass_from_ds_alone_with_edge_features(case, per_head):

@@ -65,8 +65,7 @@ from numba.extending import overload
 from ._edge import (
     _OL,
     _add_g,
-    _dea_add,
-    _dea_add_kept,
+    _dea_head,
     _dea_zero,
     _eacc_axpy,
     _edge_dp,
@@ -82,7 +81,19 @@ from ._edge import (
     _uses_order,
     _weight,
 )
-from ._simd import _AHEAD, _INLINE, _JIT, _NN, _SERIAL, _axpy, _dot, _prefetch, _prefetch_row
+from ._simd import (
+    _AHEAD,
+    _INLINE,
+    _JIT,
+    _NEG_INF,
+    _NN,
+    _SERIAL,
+    _axpy,
+    _dot,
+    _exp,
+    _prefetch,
+    _prefetch_row,
+)
 
 # Edges per target whose weights the destination pass keeps for its second sweep.
 _CACHE = 512
@@ -118,39 +129,53 @@ def _dst_delta(
     ``P_ij = alpha_ij f_ij`` into ``dbias[e, H + h]`` when ``dbias`` has
     those columns (``[E, 2H]``: see the module docstring).
 
-    ``D_i`` is their ratio (see :func:`_delta`). Keeps ``alpha``, ``dp`` and
-    ``alpha f`` in ``wa``/``wp``/``wf`` when the edges fit.
+    ``D_i`` is their ratio (see :func:`_delta`). The edges go in chunks of
+    ``wa.shape[0]``, whose ``alpha``, ``dp`` and ``alpha f`` are kept in
+    ``wa``/``wp``/``wf`` (``[edge, head]``): where the segment fits in one
+    chunk, :func:`_dst_grad` reads them back instead of recomputing.
     """
     nh = dl.shape[0] // 2
     cq = q.shape[1] // nh
     cv = v.shape[1] // nh
     zero = q.dtype.type(0)
     one = q.dtype.type(1)
-    cached = e0 - s0 <= wa.shape[1]
     keep_p = dbias.shape[1] > nh
+    flat = wa.reshape(wa.size)
     dl[:] = zero
-    s0 = s0 & _NN
-    for t in range(e0 - s0):
-        e = s0 + t
-        if e + _AHEAD < col.shape[0]:
-            jj = col[e + _AHEAD] & _NN
-            _prefetch_row(k, jj)
-            _prefetch_row(v, jj)
-        j = col[e] & _NN
-        for h in range(nh):
-            s = _score(q, i, k, j, h, cq, scale, bias, e, has_bias)
-            s = _edge_score(s, eq, i, ea, e, h, scale)
-            a = _weight(s, lse[i, h], zero)
-            f = _factor(key, dscale, e, h, nh, one)
-            dp = _add_g(_dot(dout, i, v, j, h * cv, cv), gg, i, ea, e, h) * f
-            if keep_p:
-                dbias[e, nh + h] = a * f
-            dl[h] += a * dp
-            dl[nh + h] += a
-            if cached:
-                wa[h, t] = a
-                wp[h, t] = dp
-                wf[h, t] = a * f
+    c0 = s0 & _NN
+    while c0 < e0:
+        nc = min(wa.shape[0], e0 - c0)
+        # The gathers: scores (less lse) and dp of every head of an edge.
+        for t in range(nc):
+            e = c0 + t
+            if e + _AHEAD < col.shape[0]:
+                jj = col[e + _AHEAD] & _NN
+                _prefetch_row(k, jj)
+                _prefetch_row(v, jj)
+            j = col[e] & _NN
+            for h in range(nh):
+                s = _score(q, i, k, j, h, cq, scale, bias, e, has_bias)
+                s = _edge_score(s, eq, i, ea, e, h, scale)
+                ls = lse[i, h]
+                # No finite score (lse = -inf): every weight is 0.
+                wa[t, h] = s - ls if ls != _NEG_INF else _NEG_INF
+                f = _factor(key, dscale, e, h, nh, one)
+                wp[t, h] = _add_g(_dot(dout, i, v, j, h * cv, cv), gg, i, ea, e, h) * f
+                wf[t, h] = f
+        # One exp over the chunk's scores of every head, contiguous in wa: it
+        # vectorizes where one per edge and head (about 2 edges per target on
+        # molecules) would be scalar.
+        for u in range((nc * nh) & _NN):
+            flat[u] = _exp(flat[u])
+        for t in range(nc):
+            for h in range(nh):
+                a = wa[t, h]
+                wf[t, h] *= a
+                if keep_p:
+                    dbias[c0 + t, nh + h] = wf[t, h]
+                dl[h] += a * wp[t, h]
+                dl[nh + h] += a
+        c0 += nc
 
 
 @numba.njit(**_INLINE)
@@ -180,7 +205,7 @@ def _dst_grad(
     cv = v.shape[1] // nh
     zero = q.dtype.type(0)
     one = q.dtype.type(1)
-    cached = e0 - s0 <= wa.shape[1]
+    cached = e0 - s0 <= wa.shape[0]
     keep_ds = dbias.shape[0] > 0  # a score bias, or edge features (for the source pass)
     s0 = s0 & _NN
     for t in range(e0 - s0):
@@ -193,8 +218,8 @@ def _dst_grad(
         _dea_zero(dea, e)
         for h in range(nh):
             if cached:
-                a = wa[h, t]
-                dp = wp[h, t]
+                a = wa[t, h]
+                dp = wp[t, h]
             else:
                 s = _score(q, i, k, j, h, cq, scale, bias, e, has_bias)
                 a = _weight(_edge_score_call(s, eq, i, ea, e, h, scale), lse[i, h], zero)
@@ -205,8 +230,7 @@ def _dst_grad(
             _axpy(acc, ds * scale, k, j, h * cq, cq)
             dse = _key_term(ds, ea, scale)
             _eacc_axpy(eacc, dse, ea, e, h)
-            _dea_add(dea, e, dse, eq, i, h)
-            _dea_add_kept(dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached)
+            _dea_head(dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached)
 
 
 def _store_row(out, i, acc):  # pragma: no cover - compiled only
@@ -253,9 +277,9 @@ def _bwd_dst_kernel(
     cq = q.shape[1] // nh
     zero = q.dtype.type(0)
     for ch in prange(bounds.shape[0] - 1):
-        wa = np.empty((nh, _CACHE), dtype=q.dtype)
-        wp = np.empty((nh, _CACHE), dtype=q.dtype)
-        wf = np.empty((nh, _CACHE), dtype=q.dtype)
+        wa = np.empty((_CACHE, nh), dtype=q.dtype)
+        wp = np.empty((_CACHE, nh), dtype=q.dtype)
+        wf = np.empty((_CACHE, nh), dtype=q.dtype)
         dl = np.empty(2 * nh, dtype=q.dtype)
         acc = np.empty(nh * cq, dtype=q.dtype)
         # d edge_query's accumulator (size 0 without edge features: nf = 0).
@@ -292,12 +316,15 @@ def _bwd_dst_pieces_kernel(
     pd = np.empty((npc, 2 * nh), dtype=q.dtype)
     pa = np.zeros((npc, nh * cq), dtype=q.dtype)
     pe = np.zeros((npc, nh * nf), dtype=q.dtype)
-    # Pieces are longer than the kept-weights cache: both sweeps recompute.
-    nokeep = np.empty((nh, 0), dtype=q.dtype)
+    # Pieces are longer than the kept-weights cache: the second sweep recomputes.
+    nokeep = np.empty((0, nh), dtype=q.dtype)
     for x in prange(npc):
+        wa = np.empty((_CACHE, nh), dtype=q.dtype)
+        wp = np.empty((_CACHE, nh), dtype=q.dtype)
+        wf = np.empty((_CACHE, nh), dtype=q.dtype)
         _dst_delta(
             q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, col,
-            pieces[x, 1], pieces[x, 2], scale, nokeep, nokeep, nokeep, pd[x], dbias,
+            pieces[x, 1], pieces[x, 2], scale, wa, wp, wf, pd[x], dbias,
         )
     for s in prange(seg.shape[0] - 1):
         dl = np.zeros(2 * nh, dtype=q.dtype)

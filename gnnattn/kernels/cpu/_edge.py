@@ -139,7 +139,20 @@ def _dea_add_kept(
     dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached
 ):  # pragma: no cover - compiled only
     """``dea[e] += a * f * gg_i^h`` (``f`` the dropout factor; nothing without ``gg``);
-    ``a * f`` is ``wf[h, t]`` when ``cached``."""
+    ``a * f`` is ``wf[t, h]`` when ``cached``."""
+
+
+def _dea_head(
+    dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached
+):  # pragma: no cover - compiled only
+    """Edge ``e``'s ``d ea`` terms of head ``h``: ``dse eq_i^h + a f gg_i^h``. Stored
+    into ``dea[e, h]`` for per-head features (each row is one head's, written once: no
+    zeroing, no read); added into ``dea[e]`` for shared ones (:func:`_dea_add`,
+    :func:`_dea_add_kept`, after :func:`_dea_zero`)."""
+
+
+def _row_term(w, src, i, c, zero):  # pragma: no cover - compiled only
+    """``w * src[i, c]`` (``zero`` when ``src`` is absent)."""
 
 
 def _prefetch_opt(a, i):  # pragma: no cover - compiled only
@@ -365,7 +378,8 @@ def _dea_zero_impl(dea, e):  # pragma: no cover - compiled
 
 @overload(_dea_zero, **_OL)
 def _dea_zero_ol(dea, e):  # pragma: no cover - compiled
-    if _none(dea):
+    # Per-head rows are stored whole by _dea_head: nothing to zero.
+    if _none(dea) or dea.ndim == 3:
         return lambda dea, e: None
     return lambda dea, e: _dea_zero_impl(dea, e)
 
@@ -408,7 +422,7 @@ def _dea_add_dropped(
 ):  # pragma: no cover - compiled
     # The first sweep keeps a * f beside the weights: the second rehashes the
     # dropout mask (a call, see _factor_call) only for segments past the cache.
-    w = wf[h, t & _NN] if cached else a * _factor_call(key, dscale, e, h, nh, one)
+    w = wf[t & _NN, h] if cached else a * _factor_call(key, dscale, e, h, nh, one)
     _dea_add_impl(dea, e, w, gg, i, h)
 
 
@@ -425,3 +439,58 @@ def _dea_add_kept_ol(
     return lambda dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached: _dea_add_dropped(
         dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached
     )
+
+
+@overload(_row_term, **_OL)
+def _row_term_ol(w, src, i, c, zero):  # pragma: no cover - compiled
+    if _none(src):
+        return lambda w, src, i, c, zero: zero
+    return lambda w, src, i, c, zero: w * src[i, c]
+
+
+@numba.njit(**_INLINE)
+def _dea_head_store(
+    dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached
+):  # pragma: no cover - compiled
+    nf = dea.shape[-1]
+    lo = (h * nf) & _NN
+    e = e & _NN
+    hh = h & _NN
+    zero = dea.dtype.type(0)
+    # a f as _dea_add_kept has it (a without dropout).
+    w = _kept_weight(a, key, dscale, e, nh, one, h, wf, t, cached)
+    for c in range(nf):
+        dea[e, hh, c] = _row_term(dse, eq, i, lo + c, zero) + _row_term(w, gg, i, lo + c, zero)
+
+
+def _kept_weight(a, key, dscale, e, nh, one, h, wf, t, cached):  # pragma: no cover
+    """``a f``: ``a`` without dropout, else ``wf[t, h]`` when ``cached`` or rehashed."""
+
+
+@overload(_kept_weight, **_OL)
+def _kept_weight_ol(a, key, dscale, e, nh, one, h, wf, t, cached):  # pragma: no cover - compiled
+    if _none(key):
+        return lambda a, key, dscale, e, nh, one, h, wf, t, cached: a
+
+    def dropped(a, key, dscale, e, nh, one, h, wf, t, cached):
+        return wf[t & _NN, h] if cached else a * _factor_call(key, dscale, e, h, nh, one)
+
+    return dropped
+
+
+@overload(_dea_head, **_OL)
+def _dea_head_ol(
+    dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached
+):  # pragma: no cover - compiled
+    if _none(dea):
+        return lambda dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached: None
+    if dea.ndim == 3:
+        return lambda dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached: (
+            _dea_head_store(dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached)
+        )
+
+    def shared(dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached):
+        _dea_add(dea, e, dse, eq, i, h)
+        _dea_add_kept(dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached)
+
+    return shared

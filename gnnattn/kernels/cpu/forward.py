@@ -111,6 +111,7 @@ def _fwd_segment(
     tot[:] = zero
     acc[:] = zero
     eacc[:] = zero
+    flat = sc.reshape(sc.size)
     b0 = s0 & _NN
     while b0 < e0:
         nb = min(_BLOCK, e0 - b0)
@@ -125,28 +126,36 @@ def _fwd_segment(
             j = col[b0 + t] & _NN
             for h in range(nh):
                 s = _score(q, i, k, j, h, cq, scale, bias, b0 + t, has_bias)
-                sc[h, t] = _edge_score(s, eq, i, ea, b0 + t, h, scale)
+                sc[t, h] = _edge_score(s, eq, i, ea, b0 + t, h, scale)
         for h in range(nh):
             mb = m[h]
             for t in range(nb):
-                mb = _max(mb, sc[h, t])
+                mb = _max(mb, sc[t, h])
             if not mb <= m[h]:
-                # A new maximum (or a NaN) rescales what was accumulated
-                # (exp(-inf) = 0 on the first finite score).
-                corr = _exp(m[h] - mb)
-                tot[h] *= corr
-                lo = (h * cv) & _NN
-                for c in range(cv):
-                    acc[lo + c] *= corr
-                _eacc_scale(eacc, corr, ea, h)
+                # A new maximum (or a NaN) rescales what was accumulated. Not
+                # after only -inf scores: their weights were 0, so tot is 0 and
+                # acc is 0 (or NaN from 0 * inf), what the factor 0 leaves.
+                if m[h] != _NEG_INF:
+                    corr = _exp(m[h] - mb)
+                    tot[h] *= corr
+                    lo = (h * cv) & _NN
+                    for c in range(cv):
+                        acc[lo + c] *= corr
+                    _eacc_scale(eacc, corr, ea, h)
                 m[h] = mb
             # All -inf so far: shift by 0, every weight is 0 (never NaN).
             shift = m[h] if m[h] != _NEG_INF else zero
+            for t in range(nb):
+                sc[t, h] -= shift
+        # One loop over the block's scores of every head, contiguous in sc
+        # ([edge, head]): it vectorizes where a loop per head (about 2 edges
+        # per target on molecules) would take a scalar exp per weight.
+        for u in range(((nb * nh + 7) >> 3 << 3) & _NN):
+            flat[u] = _exp(flat[u])
+        for h in range(nh):
             w_sum = zero
             for t in range(nb):
-                w = _exp(sc[h, t] - shift)
-                sc[h, t] = w
-                w_sum += w
+                w_sum += sc[t, h]
             tot[h] += w_sum
         # The weighted sum: one gathered v row per edge, each weight times its
         # dropout factor.
@@ -154,7 +163,7 @@ def _fwd_segment(
             e = b0 + t
             j = col[e] & _NN
             for h in range(nh):
-                w = sc[h, t] * _factor(key, dscale, e, h, nh, one)
+                w = sc[t, h] * _factor(key, dscale, e, h, nh, one)
                 _axpy(acc, w, v, j, h * cv, cv)
                 _eacc_axpy(eacc, w, ea, e, h)
         b0 += nb
@@ -187,7 +196,7 @@ def _fwd_kernel(
     nh = lse.shape[1]
     cv = v.shape[1] // nh
     for ch in prange(bounds.shape[0] - 1):
-        sc = np.empty((nh, _BLOCK), dtype=q.dtype)
+        sc = np.empty((_BLOCK, nh), dtype=q.dtype)
         m = np.empty(nh, dtype=q.dtype)
         tot = np.empty(nh, dtype=q.dtype)
         acc = np.empty(nh * cv, dtype=q.dtype)
@@ -234,7 +243,7 @@ def _fwd_pieces_kernel(
     pa = np.empty((npc, nh * cv), dtype=q.dtype)
     pe = np.empty((npc, nh * nf), dtype=q.dtype)
     for x in prange(npc):
-        sc = np.empty((nh, _BLOCK), dtype=q.dtype)
+        sc = np.empty((_BLOCK, nh), dtype=q.dtype)
         _fwd_segment(
             q,
             pieces[x, 0] & _NN,
