@@ -97,6 +97,8 @@ from ._simd import (
 
 # Edges per target whose weights the destination pass keeps for its second sweep.
 _CACHE = 512
+# Edges per chunk of the source pass's weights (their rows stay in L1 between its sweeps).
+_SRC_BLOCK = 64
 
 
 @numba.njit(**_INLINE)
@@ -351,35 +353,53 @@ def _bwd_dst_pieces_kernel(
 @numba.njit(**_INLINE)
 def _src_segment(
     q, k, j, v, dout, ld, bias, has_bias, key, dscale, dsv, ea, eq, trow, tperm, t0, t1, scale, ak,
-    av,
+    av, wa,
 ):  # pragma: no cover - compiled
-    """``dk_j``, ``dv_j`` over the outgoing edges ``t0:t1`` of source ``j`` into ``ak``, ``av``."""
+    """``dk_j``, ``dv_j`` over the outgoing edges ``t0:t1`` of source ``j`` into ``ak``, ``av``,
+    in chunks of ``wa.shape[0]`` edges whose weights ``wa`` (``[edge, head]``) holds."""
     nh = ld.shape[1] // 2
     cq = q.shape[1] // nh
     cv = v.shape[1] // nh
-    zero = q.dtype.type(0)
     one = q.dtype.type(1)
+    flat = wa.reshape(wa.size)
     # The bias and the options are in CSR order: read at the edge's CSR position.
     by_pos = has_bias or _uses_order(key, dsv)
-    for t in range(t0 & _NN, t1):
-        if t + _AHEAD < trow.shape[0]:
-            ii = trow[t + _AHEAD] & _NN
-            _prefetch_row(q, ii)
-            _prefetch_row(dout, ii)
-            _prefetch(ld, ii, 0)
-            _prefetch_at(dsv, tperm, t + _AHEAD)
-            _prefetch_opt(eq, ii)
-            _prefetch_at(ea, tperm, t + _AHEAD)
-        i = trow[t] & _NN
-        e = (tperm[t] & _NN) if by_pos else t
-        for h in range(nh):
-            s = _score(q, i, k, j, h, cq, scale, bias, e, has_bias)
-            s = _edge_score(s, eq, i, ea, e, h, scale)
-            a = _weight(s, ld[i, h], zero)
-            f = _factor(key, dscale, e, h, nh, one)
-            g = _src_ds(dsv, e, h, a, f, dout, i, v, j, ld[i, nh + h], h * cv, cv) * scale
-            _axpy(av, a * f, dout, i, h * cv, cv)
-            _axpy(ak, g, q, i, h * cq, cq)
+    c0 = t0 & _NN
+    while c0 < t1:
+        nc = min(wa.shape[0], t1 - c0)
+        # The scores less lse first, then one exp over the chunk's weights of every
+        # head (contiguous in wa: it vectorizes, one per edge and head would not).
+        for u in range(nc):
+            t = c0 + u
+            if t + _AHEAD < trow.shape[0]:
+                ii = trow[t + _AHEAD] & _NN
+                _prefetch_row(q, ii)
+                _prefetch_row(dout, ii)
+                _prefetch(ld, ii, 0)
+                _prefetch_at(dsv, tperm, t + _AHEAD)
+                _prefetch_opt(eq, ii)
+                _prefetch_at(ea, tperm, t + _AHEAD)
+            i = trow[t] & _NN
+            e = (tperm[t] & _NN) if by_pos else t
+            for h in range(nh):
+                s = _score(q, i, k, j, h, cq, scale, bias, e, has_bias)
+                s = _edge_score(s, eq, i, ea, e, h, scale)
+                ls = ld[i, h]
+                # No finite score (lse = -inf): every weight is 0.
+                wa[u, h] = s - ls if ls != _NEG_INF else _NEG_INF
+        for x in range((nc * nh) & _NN):
+            flat[x] = _exp(flat[x])
+        for u in range(nc):
+            t = c0 + u
+            i = trow[t] & _NN
+            e = (tperm[t] & _NN) if by_pos else t
+            for h in range(nh):
+                a = wa[u, h]
+                f = _factor(key, dscale, e, h, nh, one)
+                g = _src_ds(dsv, e, h, a, f, dout, i, v, j, ld[i, nh + h], h * cv, cv) * scale
+                _axpy(av, a * f, dout, i, h * cv, cv)
+                _axpy(ak, g, q, i, h * cq, cq)
+        c0 += nc
 
 
 # fmt: off
@@ -396,6 +416,7 @@ def _bwd_src_kernel(
     for ch in prange(bounds.shape[0] - 1):
         ak = np.empty(nh * cq, dtype=q.dtype)
         av = np.empty(nh * cv, dtype=q.dtype)
+        wa = np.empty((_SRC_BLOCK, nh), dtype=q.dtype)
         for j in range(bounds[ch] & _NN, bounds[ch + 1]):
             t0, t1 = tptr[j], tptr[j + 1]
             if t1 - t0 > limit:
@@ -404,7 +425,7 @@ def _bwd_src_kernel(
             av[:] = zero
             _src_segment(
                 q, k, j, v, dout, ld, bias, has_bias, key, dscale, dsv, ea, eq, trow, tperm, t0,
-                t1, scale, ak, av,
+                t1, scale, ak, av, wa,
             )
             for c in range(nh * cq):
                 dk[j, c] = ak[c]
@@ -425,9 +446,10 @@ def _bwd_src_pieces_kernel(
     pk = np.zeros((npc, nh * cq), dtype=q.dtype)
     pv = np.zeros((npc, nh * cv), dtype=q.dtype)
     for x in prange(npc):
+        wa = np.empty((_SRC_BLOCK, nh), dtype=q.dtype)
         _src_segment(
             q, k, pieces[x, 0] & _NN, v, dout, ld, bias, has_bias, key, dscale, dsv, ea, eq, trow,
-            tperm, pieces[x, 1], pieces[x, 2], scale, pk[x], pv[x],
+            tperm, pieces[x, 1], pieces[x, 2], scale, pk[x], pv[x], wa,
         )
     for s in prange(seg.shape[0] - 1):
         j = pieces[seg[s], 0] & _NN
