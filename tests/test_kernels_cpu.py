@@ -43,6 +43,10 @@ CASES = {
     "source hub": ([40] * 130, 60, 7),  # source 7 has ~5000 out-edges
     "duplicates": ([6, 2, 5], 4, 3),  # targets whose edges all come from one source
     "bipartite": ([4, 4, 4], 101, None),  # many more sources than targets
+    # Targets past the destination pass's chunk of weights (512 edges: several chunks, the
+    # second sweep recomputing; target 3 all -inf with a bias) and sources past the
+    # source pass's (64), all below the hub limit (2048: no pieces).
+    "wide": ([700, 3, 0, 600, 1], 12, None),
 }
 
 

@@ -95,7 +95,8 @@ from ._simd import (
     _prefetch_row,
 )
 
-# Edges per target whose weights the destination pass keeps for its second sweep.
+# Edges per target whose weights the destination pass keeps for its second sweep (and the
+# length of its first sweep's chunks).
 _CACHE = 512
 # Edges per chunk of the source pass's weights (their rows stay in L1 between its sweeps).
 _SRC_BLOCK = 64
@@ -132,7 +133,7 @@ def _dst_delta(
     those columns (``[E, 2H]``: see the module docstring).
 
     ``D_i`` is their ratio (see :func:`_delta`). The edges go in chunks of
-    ``wa.shape[0]``, whose ``alpha``, ``dp`` and ``alpha f`` are kept in
+    ``wa.shape[0]`` (at least 1), whose ``alpha``, ``dp`` and ``alpha f`` are kept in
     ``wa``/``wp``/``wf`` (``[edge, head]``): where the segment fits in one
     chunk, :func:`_dst_grad` reads them back instead of recomputing.
     """
@@ -318,7 +319,8 @@ def _bwd_dst_pieces_kernel(
     pd = np.empty((npc, 2 * nh), dtype=q.dtype)
     pa = np.zeros((npc, nh * cq), dtype=q.dtype)
     pe = np.zeros((npc, nh * nf), dtype=q.dtype)
-    # Pieces are longer than the kept-weights cache: the second sweep recomputes.
+    # The second sweep runs after the pieces' sums are merged, in a later loop where the
+    # first sweep's buffers are gone: it recomputes the weights.
     nokeep = np.empty((0, nh), dtype=q.dtype)
     for x in prange(npc):
         wa = np.empty((_CACHE, nh), dtype=q.dtype)
@@ -356,7 +358,8 @@ def _src_segment(
     av, wa,
 ):  # pragma: no cover - compiled
     """``dk_j``, ``dv_j`` over the outgoing edges ``t0:t1`` of source ``j`` into ``ak``, ``av``,
-    in chunks of ``wa.shape[0]`` edges whose weights ``wa`` (``[edge, head]``) holds."""
+    in chunks of ``wa.shape[0]`` edges (at least 1) whose weights ``wa`` (``[edge, head]``)
+    holds."""
     nh = ld.shape[1] // 2
     cq = q.shape[1] // nh
     cv = v.shape[1] // nh

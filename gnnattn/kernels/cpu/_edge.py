@@ -128,7 +128,8 @@ def _eacc_store(eo, i, eacc, inv, ea):  # pragma: no cover - compiled only
 
 
 def _dea_zero(dea, e):  # pragma: no cover - compiled only
-    """``dea[e] = 0`` (nothing without edge features)."""
+    """``dea[e] = 0`` for shared features (nothing without edge features, nor for per-head
+    ones, which :func:`_dea_head` stores whole)."""
 
 
 def _dea_add(dea, e, w, src, i, h):  # pragma: no cover - compiled only
@@ -230,25 +231,6 @@ def _ea_ol(ea, e, h, c):  # pragma: no cover - compiled
     if ea.ndim == 3:
         return lambda ea, e, h, c: ea[e, h & _NN, c]
     return lambda ea, e, h, c: ea[e, c]
-
-
-def _ea_add(dea, e, h, c, x):  # pragma: no cover - compiled only
-    """``dea`` at :func:`_ea`'s position ``+= x`` (per head, or summed over the heads)."""
-
-
-@overload(_ea_add, **_OL)
-def _ea_add_ol(dea, e, h, c, x):  # pragma: no cover - compiled
-    if dea.ndim == 3:
-
-        def per_head(dea, e, h, c, x):
-            dea[e, h & _NN, c] += x
-
-        return per_head
-
-    def shared(dea, e, h, c, x):
-        dea[e, c] += x
-
-    return shared
 
 
 @numba.njit(**_INLINE)
@@ -386,13 +368,13 @@ def _dea_zero_ol(dea, e):  # pragma: no cover - compiled
 
 @numba.njit(**_INLINE)
 def _dea_add_impl(dea, e, w, src, i, h):  # pragma: no cover - compiled
-    """``dea[e] += w * src_i^h``: summed over the heads for shared features, into the
-    head's row for per-head ones (:func:`_ea_add`)."""
+    """``dea[e] += w * src_i^h``, summed over the heads: shared features ``[E, F]`` (per-head
+    rows are stored whole by :func:`_dea_head`)."""
     nf = dea.shape[-1]
     lo = (h * nf) & _NN
     e = e & _NN
     for c in range(nf):
-        _ea_add(dea, e, h, c, w * src[i, lo + c])
+        dea[e, c] += w * src[i, lo + c]
 
 
 @overload(_dea_add, **_OL)
@@ -449,16 +431,12 @@ def _row_term_ol(w, src, i, c, zero):  # pragma: no cover - compiled
 
 
 @numba.njit(**_INLINE)
-def _dea_head_store(
-    dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached
-):  # pragma: no cover - compiled
+def _dea_head_store(dea, e, dse, eq, w, gg, i, h):  # pragma: no cover - compiled
     nf = dea.shape[-1]
     lo = (h * nf) & _NN
     e = e & _NN
     hh = h & _NN
     zero = dea.dtype.type(0)
-    # a f as _dea_add_kept has it (a without dropout).
-    w = _kept_weight(a, key, dscale, e, nh, one, h, wf, t, cached)
     for c in range(nf):
         dea[e, hh, c] = _row_term(dse, eq, i, lo + c, zero) + _row_term(w, gg, i, lo + c, zero)
 
@@ -484,9 +462,23 @@ def _dea_head_ol(
 ):  # pragma: no cover - compiled
     if _none(dea):
         return lambda dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached: None
+    if dea.ndim == 3 and _none(gg):
+        # No edge_out gradient: no weight to find (with dropout, a rehash per edge).
+        return lambda dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached: (
+            _dea_head_store(dea, e, dse, eq, dse, gg, i, h)
+        )
     if dea.ndim == 3:
         return lambda dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached: (
-            _dea_head_store(dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached)
+            _dea_head_store(
+                dea,
+                e,
+                dse,
+                eq,
+                _kept_weight(a, key, dscale, e, nh, one, h, wf, t, cached),
+                gg,
+                i,
+                h,
+            )
         )
 
     def shared(dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached):

@@ -150,7 +150,7 @@ def _fwd_segment(
         # One loop over the block's scores of every head, contiguous in sc
         # ([edge, head]): it vectorizes where a loop per head (about 2 edges
         # per target on molecules) would take a scalar exp per weight.
-        for u in range(((nb * nh + 7) >> 3 << 3) & _NN):
+        for u in range((nb * nh) & _NN):
             flat[u] = _exp(flat[u])
         for h in range(nh):
             w_sum = zero
