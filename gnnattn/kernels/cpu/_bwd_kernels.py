@@ -73,6 +73,7 @@ from ._edge import (
     _edge_score_call,
     _factor,
     _key_term,
+    _log_weight,
     _none,
     _prefetch_at,
     _prefetch_opt,
@@ -85,12 +86,11 @@ from ._simd import (
     _AHEAD,
     _INLINE,
     _JIT,
-    _NEG_INF,
     _NN,
     _SERIAL,
     _axpy,
     _dot,
-    _exp,
+    _exp_first,
     _prefetch,
     _prefetch_row,
 )
@@ -159,17 +159,11 @@ def _dst_delta(
             for h in range(nh):
                 s = _score(q, i, k, j, h, cq, scale, bias, e, has_bias)
                 s = _edge_score(s, eq, i, ea, e, h, scale)
-                ls = lse[i, h]
-                # No finite score (lse = -inf): every weight is 0.
-                wa[t, h] = s - ls if ls != _NEG_INF else _NEG_INF
+                wa[t, h] = _log_weight(s, lse[i, h])
                 f = _factor(key, dscale, e, h, nh, one)
                 wp[t, h] = _add_g(_dot(dout, i, v, j, h * cv, cv), gg, i, ea, e, h) * f
                 wf[t, h] = f
-        # One exp over the chunk's scores of every head, contiguous in wa: it
-        # vectorizes where one per edge and head (about 2 edges per target on
-        # molecules) would be scalar.
-        for u in range((nc * nh) & _NN):
-            flat[u] = _exp(flat[u])
+        _exp_first(flat, nc * nh)
         for t in range(nc):
             for h in range(nh):
                 a = wa[t, h]
@@ -370,8 +364,7 @@ def _src_segment(
     c0 = t0 & _NN
     while c0 < t1:
         nc = min(wa.shape[0], t1 - c0)
-        # The scores less lse first, then one exp over the chunk's weights of every
-        # head (contiguous in wa: it vectorizes, one per edge and head would not).
+        # The scores less lse first, then one exp over the chunk's weights.
         for u in range(nc):
             t = c0 + u
             if t + _AHEAD < trow.shape[0]:
@@ -387,11 +380,8 @@ def _src_segment(
             for h in range(nh):
                 s = _score(q, i, k, j, h, cq, scale, bias, e, has_bias)
                 s = _edge_score(s, eq, i, ea, e, h, scale)
-                ls = ld[i, h]
-                # No finite score (lse = -inf): every weight is 0.
-                wa[u, h] = s - ls if ls != _NEG_INF else _NEG_INF
-        for x in range((nc * nh) & _NN):
-            flat[x] = _exp(flat[x])
+                wa[u, h] = _log_weight(s, ld[i, h])
+        _exp_first(flat, nc * nh)
         for u in range(nc):
             t = c0 + u
             i = trow[t] & _NN

@@ -72,6 +72,12 @@ def _score(q, i, k, j, h, c, scale, bias, e, has_bias):  # pragma: no cover - co
 
 
 @numba.njit(**_INLINE)
+def _log_weight(s, lse):  # pragma: no cover - compiled
+    """``s - lse``, whose ``exp`` is :func:`_weight`'s: ``-inf`` where ``lse = -inf``."""
+    return s - lse if lse != _NEG_INF else _NEG_INF
+
+
+@numba.njit(**_INLINE)
 def _weight(s, lse, zero):  # pragma: no cover - compiled
     """``exp(s - lse)``, and ``zero`` where ``lse = -inf`` (no finite score: no weight)."""
     if lse == _NEG_INF:

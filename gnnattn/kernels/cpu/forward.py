@@ -43,7 +43,18 @@ from ._edge import (
     _factor,
     _score,
 )
-from ._simd import _AHEAD, _INLINE, _JIT, _NEG_INF, _NN, _axpy, _exp, _max, _prefetch_row
+from ._simd import (
+    _AHEAD,
+    _INLINE,
+    _JIT,
+    _NEG_INF,
+    _NN,
+    _axpy,
+    _exp,
+    _exp_first,
+    _max,
+    _prefetch_row,
+)
 from .plans import (
     CPUPlan,
     _bias,
@@ -147,11 +158,8 @@ def _fwd_segment(
             shift = m[h] if m[h] != _NEG_INF else zero
             for t in range(nb):
                 sc[t, h] -= shift
-        # One loop over the block's scores of every head, contiguous in sc
-        # ([edge, head]): it vectorizes where a loop per head (about 2 edges
-        # per target on molecules) would take a scalar exp per weight.
-        for u in range((nb * nh) & _NN):
-            flat[u] = _exp(flat[u])
+        # The block's weights of every head, contiguous in sc ([edge, head]).
+        _exp_first(flat, nb * nh)
         for h in range(nh):
             w_sum = zero
             for t in range(nb):
