@@ -142,20 +142,14 @@ def _dea_add(dea, e, w, src, i, h):  # pragma: no cover - compiled only
     """``dea[e] += w * src_i^h`` (nothing when ``dea`` or ``src`` is absent)."""
 
 
-def _dea_add_kept(
-    dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached
-):  # pragma: no cover - compiled only
-    """``dea[e] += a * f * gg_i^h`` (``f`` the dropout factor; nothing without ``gg``);
-    ``a * f`` is ``wf[t, h]`` when ``cached``."""
-
-
 def _dea_head(
     dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached
 ):  # pragma: no cover - compiled only
     """Edge ``e``'s ``d ea`` terms of head ``h``: ``dse eq_i^h + a f gg_i^h``. Stored
     into ``dea[e, h]`` for per-head features (each row is one head's, written once: no
-    zeroing, no read); added into ``dea[e]`` for shared ones (:func:`_dea_add`,
-    :func:`_dea_add_kept`, after :func:`_dea_zero`)."""
+    zeroing, no read); added into ``dea[e]`` for shared ones (:func:`_dea_add`, after
+    :func:`_dea_zero`). ``a f`` (``f`` the dropout factor) is ``wf[t, h]`` when
+    ``cached`` (:func:`_kept_weight`)."""
 
 
 def _row_term(w, src, i, c, zero):  # pragma: no cover - compiled only
@@ -404,31 +398,6 @@ def _factor_call(key, dscale, e, h, nh, one):  # pragma: no cover - compiled
     return _factor(key, dscale, e, h, nh, one)
 
 
-@numba.njit(**_INLINE)
-def _dea_add_dropped(
-    dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached
-):  # pragma: no cover - compiled
-    # The first sweep keeps a * f beside the weights: the second rehashes the
-    # dropout mask (a call, see _factor_call) only for segments past the cache.
-    w = wf[t & _NN, h] if cached else a * _factor_call(key, dscale, e, h, nh, one)
-    _dea_add_impl(dea, e, w, gg, i, h)
-
-
-@overload(_dea_add_kept, **_OL)
-def _dea_add_kept_ol(
-    dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached
-):  # pragma: no cover - compiled
-    if _none(dea) or _none(gg):
-        return lambda dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached: None
-    if _none(key):
-        return lambda dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached: _dea_add_impl(
-            dea, e, a, gg, i, h
-        )
-    return lambda dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached: _dea_add_dropped(
-        dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached
-    )
-
-
 @overload(_row_term, **_OL)
 def _row_term_ol(w, src, i, c, zero):  # pragma: no cover - compiled
     if _none(src):
@@ -468,10 +437,14 @@ def _dea_head_ol(
 ):  # pragma: no cover - compiled
     if _none(dea):
         return lambda dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached: None
-    if dea.ndim == 3 and _none(gg):
+    if _none(gg) and dea.ndim == 3:
         # No edge_out gradient: no weight to find (with dropout, a rehash per edge).
         return lambda dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached: (
             _dea_head_store(dea, e, dse, eq, dse, gg, i, h)
+        )
+    if _none(gg):
+        return lambda dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached: _dea_add(
+            dea, e, dse, eq, i, h
         )
     if dea.ndim == 3:
         return lambda dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached: (
@@ -489,6 +462,6 @@ def _dea_head_ol(
 
     def shared(dea, e, dse, eq, a, key, dscale, nh, one, gg, i, h, wf, t, cached):
         _dea_add(dea, e, dse, eq, i, h)
-        _dea_add_kept(dea, e, a, key, dscale, nh, one, gg, i, h, wf, t, cached)
+        _dea_add(dea, e, _kept_weight(a, key, dscale, e, nh, one, h, wf, t, cached), gg, i, h)
 
     return shared

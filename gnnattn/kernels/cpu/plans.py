@@ -85,7 +85,7 @@ class _Plan:
     @classmethod
     def unpack(cls, flat: np.ndarray, num_edges: int) -> _Plan:
         """The plan packed by :func:`_packed` (views of ``flat``, nothing copied)."""
-        k, p, s = (int(x) for x in flat[:3])
+        k, p, s = flat[:3].tolist()
         work = cls()
         work.bounds = flat[3 : 3 + k]
         work.pieces = flat[3 + k : 3 + k + 3 * p].reshape(p, 3)
