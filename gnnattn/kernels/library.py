@@ -258,8 +258,12 @@ def _attention_bwd(
     kern = get(q.device)
     dropout = dropout_of(dropout_key, dropout_p)
     op = getattr(kern, "attention_bwd_op", None)
+    if op is not None and not plan.numel():
+        # A graph built in a compiled region has no plan: made here (its indices
+        # checked), so that the op takes the source pass an eager call takes.
+        plan = plan_tensors(ptr, col, k.shape[0])
     layouts = (ptr, col, plan, tptr, trow, tperm, csc_plan)
-    if op is not None and plan.numel():
+    if op is not None:
         grads = op(
             q,
             k,
