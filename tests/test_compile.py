@@ -190,6 +190,40 @@ def test_auto_picks_sdpa_compiled_on_a_structured_graph() -> None:
         torch.testing.assert_close(out, layer(x, graph))
 
 
+def test_compiled_batch_of_small_blocks_takes_the_block_kernel() -> None:
+    """A batch of complete blocks of different lengths (up to the block kernel's
+    limit), prepared: compiled, ``"auto"`` takes the block kernel as in eager mode,
+    with the eager outputs and gradients, and batches of other lengths do not
+    recompile per batch. A graph that does not hold its block starts (not
+    prepared) takes the fused kernel: nothing is read per length."""
+    layer = SelfAttentionConv(32, 4)
+    block = {torch.ops.gnnattn.block_attention_fwd, torch.ops.gnnattn.block_attention_fwd.default}
+    seen: set[Any] = set()
+    compiles = []
+
+    def spy(gm: torch.fx.GraphModule, example: Any) -> Callable[..., Any]:
+        compiles.append(gm)
+        seen.update(_ops_in(gm))
+        return gm.forward
+
+    compiled = torch.compile(lambda x, g: layer(x, g), backend=spy, fullgraph=True, dynamic=True)
+    for n, seed in ((60, 3), (97, 4), (150, 5)):
+        _, graph = _batch(n, seed)
+        x = torch.randn(n, 32, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+        got = compiled(x, graph)
+        (gx,) = torch.autograd.grad(got.square().sum(), x)
+        want = layer(x, graph)
+        (wx,) = torch.autograd.grad(want.square().sum(), x)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(gx, wx, atol=1e-5, rtol=1e-5)
+    assert block & seen and not FUSED & seen
+    assert len(compiles) == 1
+    seen.clear()
+    batch, _ = _batch(60, 3)
+    compiled(torch.randn(60, 32), AttentionGraph.from_batch(batch))
+    assert FUSED & seen and not block & seen
+
+
 class _Model(torch.nn.Module):
     """A graph transformer taking a plain ``edge_index``, as a served model would."""
 

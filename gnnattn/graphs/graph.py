@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -37,6 +38,9 @@ from .structure import Structure, detect_structure
 from .validate import check_edge_index
 
 __all__ = ["AttentionGraph"]
+
+#: The key of :meth:`AttentionGraph.block_starts` in the graph's derived data.
+BLOCK_STARTS = "block starts"
 
 _T = TypeVar("_T")
 
@@ -391,9 +395,9 @@ class AttentionGraph:
         return ("plan", self._device.type, layout)
 
     def prepare(self, backward: bool = True) -> AttentionGraph:
-        """Make what a call reads (the structure, the CSR, with ``backward`` the
-        transposed CSR, and the kernels' plans) now rather than on first use;
-        returns the graph.
+        """Make what a call reads (the structure, a batch's :meth:`block_starts`, the
+        CSR, with ``backward`` the transposed CSR, and the kernels' plans) now rather
+        than on first use; returns the graph.
 
         Before ``torch.compile`` or ``torch.export``: the compiled call then
         finds them, instead of planning inside every call.
@@ -403,11 +407,34 @@ class AttentionGraph:
             >>> g.kernel_plan("csr").dtype
             torch.int64
         """
-        _ = self.structure  # detected now: a compiled region cannot read the edges for it
+        s = self.structure  # detected now: a compiled region cannot read the edges for it
+        if s is not None and not s.uniform:
+            self.block_starts()  # made from every length: a compiled call would guard on each
         self.kernel_plan("csr")
         if backward:
             self.kernel_plan("csc")
         return self
+
+    def block_starts(self) -> Tensor:
+        """The first node of each block of a structured graph, then :math:`N`: int64
+        ``[B + 1]`` on the graph's device, made once.
+
+        Example:
+            >>> AttentionGraph.complete(lengths=[2, 3]).block_starts()
+            tensor([0, 2, 5])
+        """
+        s = self.structure
+        if s is None:
+            raise ValueError(
+                "Expected a graph of blocks (complete, causal or window structure), got one "
+                "without structure"
+            )
+        return self.derived(
+            BLOCK_STARTS,
+            lambda: torch.tensor(
+                [0, *itertools.accumulate(s.lengths)], dtype=torch.int64, device=self._device
+            ),
+        )
 
     def _set_edges(self, edge_index: Tensor | None) -> None:
         self._edge_index = edge_index

@@ -35,15 +35,19 @@ class Structure:
         uniform: whether every block has the same length (one dense call
             covers them all), kept so that a compiled caller reads one flag
             instead of (and guarding on) every length.
+        longest: the longest block's length (0 without blocks), kept for the
+            same reason.
     """
 
     kind: str
     lengths: tuple[int, ...]
     window: int = 0
     uniform: bool = field(init=False, repr=False, compare=False)
+    longest: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "uniform", len(set(self.lengths)) <= 1)
+        object.__setattr__(self, "longest", max(self.lengths, default=0))
 
     @property
     def num_nodes(self) -> int:

@@ -40,6 +40,7 @@ from ..checks import check_choice
 from ..graphs import AttentionGraph
 from ..graphs.blocks import default_block, fill_estimate
 from ..kernels import COMPILED
+from .sdpa import compiled_blocks
 
 __all__ = [
     "BACKENDS",
@@ -201,11 +202,10 @@ def backend_for(
             raise ValueError(f"backend={backend!r} {why}. Use 'fused' or 'mp' (or 'auto').")
         return BackendChoice(backend, "asked for")
     s = graph.structure if _refusal("sdpa", graph, options, q.dtype) is None else None
-    # Inside torch.compile a batch of blocks of different lengths is not sent to
-    # SDPA: its bucketed plan is Python structure (a call per bucket), which
-    # would make every new batch a new compiled graph.
+    # Inside torch.compile a batch of blocks of different lengths goes to SDPA only
+    # where the block kernel takes it in one call (compiled_blocks).
     if s is not None and not s.uniform and torch.compiler.is_compiling():
-        s = None
+        s = s if compiled_blocks(q, graph, dropout_p) else None
     if s is not None and (s.kind in ("complete", "causal") or graph.density > 0.25):
         return BackendChoice("sdpa", f"{s.kind.replace('_', ' ')} graph: the dense SDPA kernel")
     tiles = _tiles_pay(q, graph)

@@ -28,7 +28,6 @@ forward and backward; SDPA's per-call setup dominates at such sizes.
 
 from __future__ import annotations
 
-from itertools import accumulate
 from typing import NamedTuple
 
 import torch
@@ -36,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..graphs import AttentionGraph
+from ..graphs.graph import BLOCK_STARTS
 from ..kernels import COMPILED
 from ..kernels.common import acc_dtype
 from ..kernels.library import block_attention
@@ -45,6 +45,7 @@ __all__ = [
     "MAX_PADDING",
     "SDPABucket",
     "SDPAPlan",
+    "compiled_blocks",
     "sdpa_attention",
     "sdpa_plan",
 ]
@@ -195,32 +196,32 @@ def _bucketed(
     return torch.cat(outs).index_select(0, plan.take)  # (N, H, Cv)
 
 
-def _block_kernel(q: Tensor, v: Tensor, graph: AttentionGraph, dropout_p: float, tmax: int) -> bool:
+def _block_kernel(q: Tensor, v: Tensor, graph: AttentionGraph, dropout_p: float) -> bool:
     """Whether the blocks go to the block kernel (:mod:`gnnattn.kernels.cpu.blocks`):
     complete blocks of at most :data:`BLOCK_KERNEL_MAX` nodes on the CPU, float32 or
     float64, ``C = Cv``, without dropout (SDPA's dropout is torch's generator's), where
-    numba is installed (the reference, a loop over the blocks, is slower than buckets)."""
+    numba is installed (the reference, a loop over the blocks, is slower than buckets).
+    Reads the structure's flags, not its lengths (no guard on each under compile)."""
     s = graph.structure
     assert s is not None
     return (
         q.device.type == "cpu"
         and "cpu" in COMPILED
         and s.kind == "complete"
-        and tmax <= BLOCK_KERNEL_MAX
+        and s.longest <= BLOCK_KERNEL_MAX
         and dropout_p == 0.0
         and q.dtype in (torch.float32, torch.float64)
         and q.shape[-1] == v.shape[-1]
     )
 
 
-def _block_ptr(graph: AttentionGraph, device: torch.device) -> Tensor:
-    """The blocks' starts and ``N`` (int64 ``[B + 1]``), kept on the graph."""
-    s = graph.structure
-    assert s is not None
-    return graph.derived(
-        ("block_ptr", str(device)),
-        lambda: torch.tensor([0, *accumulate(s.lengths)], dtype=torch.int64, device=device),
-    )
+def compiled_blocks(q: Tensor, graph: AttentionGraph, dropout_p: float) -> bool:
+    """Whether a compiled call may send a batch of blocks of different lengths to
+    SDPA: where the block kernel takes them (values as wide as the queries) and the
+    graph holds its :meth:`~AttentionGraph.block_starts` (:meth:`~AttentionGraph.prepare`,
+    or an eager call), so that nothing is read per length. Buckets are Python
+    structure (a call per bucket): every new batch would be a new compiled graph."""
+    return _block_kernel(q, q, graph, dropout_p) and graph.peek(BLOCK_STARTS) is not None
 
 
 def _gather_weights(
@@ -284,6 +285,10 @@ def sdpa_attention(
     lengths = s.lengths
     if n == 0:
         return v.new_zeros(0, h, cv), (q.new_zeros(0, h) if need_weights else None)
+    if not s.uniform and _block_kernel(q, v, graph, dropout_p):
+        out = block_attention(q, k, v, graph.block_starts(), scale)
+        weights = _gather_weights(q, k, graph, scale, None) if need_weights else None
+        return out, weights
     tmax = max(lengths)
     mask = _window_mask(graph, tmax, q.device)
     is_causal = s.kind == "causal"
@@ -296,8 +301,6 @@ def sdpa_attention(
             qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
         )
         out = ob.transpose(1, 2).reshape(n, h, cv)  # (N, H, Cv)
-    elif _block_kernel(q, v, graph, dropout_p, tmax):
-        out = block_attention(q, k, v, _block_ptr(graph, q.device), scale)
     else:
         out = _bucketed(q, k, v, graph, scale, dropout_p)
     weights = _gather_weights(q, k, graph, scale, mask) if need_weights else None
