@@ -224,6 +224,41 @@ def test_compiled_batch_of_small_blocks_takes_the_block_kernel() -> None:
     assert FUSED & seen and not block & seen
 
 
+@pytest.mark.parametrize("ask", ["weights", "narrow values"])
+def test_compiled_batch_of_blocks_asking_more_takes_fused(ask: str) -> None:
+    """What the block kernel does not give (the weights; values of another width than
+    the queries) takes the fused kernel on such a batch, compiled, with one compile
+    over three batches (the buckets, or a loop over the blocks, would read each length)."""
+    from gnnattn import attention
+
+    block = {torch.ops.gnnattn.block_attention_fwd, torch.ops.gnnattn.block_attention_fwd.default}
+    seen: set[Any] = set()
+    compiles = []
+
+    def spy(gm: torch.fx.GraphModule, example: Any) -> Callable[..., Any]:
+        compiles.append(gm)
+        seen.update(_ops_in(gm))
+        return gm.forward
+
+    weights = ask == "weights"
+    cv = 8 if weights else 5
+
+    def call(q: torch.Tensor, v: torch.Tensor, g: AttentionGraph) -> Any:
+        return attention(q, q, v, g, need_weights=weights)
+
+    compiled = torch.compile(call, backend=spy, fullgraph=True, dynamic=True)
+    for n, seed in ((60, 3), (97, 4), (150, 5)):
+        _, graph = _batch(n, seed)
+        gen = torch.Generator().manual_seed(seed)
+        q, v = torch.randn(n, 2, 8, generator=gen), torch.randn(n, 2, cv, generator=gen)
+        got, want = compiled(q, v, graph), call(q, v, graph)
+        for a, b in zip(got if weights else [got], want if weights else [want], strict=True):
+            if isinstance(a, torch.Tensor):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert FUSED & seen and not block & seen
+    assert len(compiles) == 1
+
+
 class _Model(torch.nn.Module):
     """A graph transformer taking a plain ``edge_index``, as a served model would."""
 

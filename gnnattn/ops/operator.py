@@ -252,6 +252,8 @@ def attention(
         edge_attr=edge_attr is not None,
     )
     name = choice.backend
+    if backend == "auto" and name == "sdpa" and _compiled_blocks_refuse(q, v, graph, need_weights):
+        name = "fused"
     if name in ("sdpa", "tiles") and not _sdpa_safe(q, k, v, scale):
         # SDPA's CPU kernels turn a NaN query row into zeros, its dense product
         # spreads a NaN value to targets that have no edge from it, and its
@@ -291,6 +293,20 @@ def attention(
     return AttentionOutput(
         out, lse if return_lse else None, weights if need_weights else None, name
     )
+
+
+def _compiled_blocks_refuse(
+    q: Tensor, v: Tensor, graph: AttentionGraph, need_weights: bool
+) -> bool:
+    """Whether a compiled call that ``"auto"`` sent to SDPA on blocks of different
+    lengths (the block kernel, :func:`~gnnattn.ops.sdpa.compiled_blocks`) asks what
+    :func:`backend_for` cannot see and the block kernel does not give: values of
+    another width than the queries, or the weights. Both would read every length
+    (the buckets, the weights' loop over the blocks): a recompile per batch."""
+    if not torch.compiler.is_compiling():
+        return False
+    s = graph.structure
+    return s is not None and not s.uniform and (need_weights or v.shape[-1] != q.shape[-1])
 
 
 def _sdpa_safe(q: Tensor, k: Tensor, v: Tensor, scale: float) -> bool:

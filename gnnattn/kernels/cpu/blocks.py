@@ -34,11 +34,11 @@ slower backward at 15 keys than at 16). The blocks' tasks go to
 least loaded run), so one thread's share is not one large block late.
 
 Arithmetic. Each task is computed by one thread in a fixed order, so the
-thread count does not change the results beyond rounding: the backward's
-float32 gradients were seen to move by up to 4e-7 between two calls on the
-same inputs under numba's OpenMP layer (and not under its workqueue), the
-last bits that a vectorized loop's handling of its buffers' addresses can
-move; the forward's did not. Float32 accumulates in
+thread count does not change the results beyond rounding. Not bitwise: the
+backward's float32 gradients were seen to move by up to 4e-7 between two
+calls on the same inputs under numba's OpenMP layer (not under its workqueue
+layer; the cause is not identified); the forward's did not. Float32
+accumulates in
 float32 (as SDPA's CPU kernel), float64 in float64. No masks: every node of
 a block is a key of every other, so every row has a finite maximum for finite
 inputs; a NaN or ``inf`` in a query makes its row NaN, in a key or value every
