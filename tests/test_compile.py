@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif("cpu" not in COMPILED, reason="numba is not inst
 
 # Dynamo's graphs call the op's packet, export's its overload.
 FUSED = {torch.ops.gnnattn.attention_fwd, torch.ops.gnnattn.attention_fwd.default}
+BLOCK = {torch.ops.gnnattn.block_attention_fwd, torch.ops.gnnattn.block_attention_fwd.default}
 
 
 def _sparse(n: int, seed: int, deg: int = 8) -> tuple[torch.Tensor, AttentionGraph]:
@@ -70,6 +71,20 @@ def _data(n: int, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, An
 
 def _ops_in(gm: torch.fx.GraphModule) -> set[Any]:
     return {node.target for node in gm.graph.nodes if node.op == "call_function"}
+
+
+def _spy() -> tuple[Callable[..., Any], set[Any], list[torch.fx.GraphModule]]:
+    """A Dynamo backend that runs the graphs as traced, and what it saw: their ops, and
+    one graph module per compile."""
+    seen: set[Any] = set()
+    compiles: list[torch.fx.GraphModule] = []
+
+    def spy(gm: torch.fx.GraphModule, example: Any) -> Callable[..., Any]:
+        compiles.append(gm)
+        seen.update(_ops_in(gm))
+        return gm.forward
+
+    return spy, seen, compiles
 
 
 @pytest.mark.parametrize("name", list(_layers()))
@@ -197,15 +212,7 @@ def test_compiled_batch_of_small_blocks_takes_the_block_kernel() -> None:
     recompile per batch. A graph that does not hold its block starts (not
     prepared) takes the fused kernel: nothing is read per length."""
     layer = SelfAttentionConv(32, 4)
-    block = {torch.ops.gnnattn.block_attention_fwd, torch.ops.gnnattn.block_attention_fwd.default}
-    seen: set[Any] = set()
-    compiles = []
-
-    def spy(gm: torch.fx.GraphModule, example: Any) -> Callable[..., Any]:
-        compiles.append(gm)
-        seen.update(_ops_in(gm))
-        return gm.forward
-
+    spy, seen, compiles = _spy()
     compiled = torch.compile(lambda x, g: layer(x, g), backend=spy, fullgraph=True, dynamic=True)
     for n, seed in ((60, 3), (97, 4), (150, 5)):
         _, graph = _batch(n, seed)
@@ -216,12 +223,12 @@ def test_compiled_batch_of_small_blocks_takes_the_block_kernel() -> None:
         (wx,) = torch.autograd.grad(want.square().sum(), x)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(gx, wx, atol=1e-5, rtol=1e-5)
-    assert block & seen and not FUSED & seen
+    assert BLOCK & seen and not FUSED & seen
     assert len(compiles) == 1
     seen.clear()
     batch, _ = _batch(60, 3)
     compiled(torch.randn(60, 32), AttentionGraph.from_batch(batch))
-    assert FUSED & seen and not block & seen
+    assert FUSED & seen and not BLOCK & seen
 
 
 @pytest.mark.parametrize("ask", ["weights", "narrow values"])
@@ -231,15 +238,7 @@ def test_compiled_batch_of_blocks_asking_more_takes_fused(ask: str) -> None:
     over three batches (the buckets, or a loop over the blocks, would read each length)."""
     from gnnattn import attention
 
-    block = {torch.ops.gnnattn.block_attention_fwd, torch.ops.gnnattn.block_attention_fwd.default}
-    seen: set[Any] = set()
-    compiles = []
-
-    def spy(gm: torch.fx.GraphModule, example: Any) -> Callable[..., Any]:
-        compiles.append(gm)
-        seen.update(_ops_in(gm))
-        return gm.forward
-
+    spy, seen, compiles = _spy()
     weights = ask == "weights"
     cv = 8 if weights else 5
 
@@ -255,7 +254,7 @@ def test_compiled_batch_of_blocks_asking_more_takes_fused(ask: str) -> None:
         for a, b in zip(got if weights else [got], want if weights else [want], strict=True):
             if isinstance(a, torch.Tensor):
                 torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    assert FUSED & seen and not block & seen
+    assert FUSED & seen and not BLOCK & seen
     assert len(compiles) == 1
 
 
