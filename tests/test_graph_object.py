@@ -17,6 +17,7 @@ from gnnattn import (
     AttentionGraph,
     SelfAttentionConv,
     SimplifiedAttention,
+    attention,
     causal_graph,
     complete_graph,
     dense_self_attention,
@@ -530,11 +531,11 @@ def test_threads_get_their_own_attention_weights():
         assert a is not None and torch.equal(a, b)
 
 
-@pytest.mark.parametrize("backend", ["mp", "fused"])
+@pytest.mark.parametrize("backend", ["mp", "fused", "tiles", "auto"])
 def test_edges_changed_in_place_are_refused_on_every_backend(backend):
     """The graph keeps the caller's edge_index (no copy) and its version: an
     in-place change after the CSR was built raises instead of letting the
-    backends read different edges."""
+    backends read different edges (or a tile plan made from the old ones)."""
     from gnnattn import SelfAttentionConv
 
     ei = torch.randint(0, 12, (2, 40))
@@ -542,6 +543,7 @@ def test_edges_changed_in_place_are_refused_on_every_backend(backend):
     layer = SelfAttentionConv(8, num_heads=2)
     x = torch.randn(12, 8)
     layer(x, graph, backend="fused")  # the CSR and plans now exist
+    layer(x, graph, backend="tiles")  # and the tile plan
     ei[0, 0] = (ei[0, 0] + 1) % 12
     with pytest.raises(ValueError, match="modified in place"):
         layer(x, graph, backend=backend)
@@ -549,3 +551,21 @@ def test_edges_changed_in_place_are_refused_on_every_backend(backend):
     torch.testing.assert_close(
         layer(x, fresh, backend="mp"), layer(x, fresh, backend="fused"), atol=1e-5, rtol=1e-5
     )
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "auto"])
+def test_a_detected_structure_is_not_kept_after_an_in_place_change(backend):
+    """A complete graph detected as such runs SDPA without reading its edges: an
+    in-place change to them afterwards still raises, as does its causal view's."""
+    q = k = v = torch.randn(4, 1, 2)
+    ei = complete_graph(4)
+    graph = AttentionGraph(ei)
+    assert graph.structure is not None and graph.structure.kind == "complete"
+    attention(q, k, v, graph, backend=backend)
+    view = graph.causal_view()
+    ei[0, 1] = 0
+    with pytest.raises(ValueError, match="modified in place"):
+        attention(q, k, v, graph, backend=backend)
+    with pytest.raises(ValueError, match="modified in place"):
+        graph.causal_view()
+    assert view.num_edges == 10

@@ -614,6 +614,8 @@ class AttentionGraph:
         """
         if self._is_causal:
             return self
+        # The view holds its own pruned edges: a change to these would not reach it.
+        self._check_unchanged()
         if self.is_bipartite:
             raise ValueError(
                 "Expected a square graph for causal attention (causal order relates tokens "
@@ -704,7 +706,10 @@ class AttentionGraph:
         )
 
     def check_nodes(self, num_src: int, num_dst: int, device: torch.device) -> None:
-        """Raise unless ``x`` (``num_src`` / ``num_dst`` rows on ``device``) fits the graph."""
+        """Raise unless ``x`` (``num_src`` / ``num_dst`` rows on ``device``) fits the graph,
+        and its edges were not changed in place since it was built (every call checks: the
+        structure and plans kept from them would be stale on every backend)."""
+        self._check_unchanged()
         if device != self._device:
             raise ValueError(
                 f"Expected the graph on the device of x ({device}), got {self._device}; "

@@ -21,10 +21,14 @@ anything else                               ``"mp"`` (message passing, the refer
 
 The same inside ``torch.compile`` and ``torch.export`` (the kernels are
 operators, :mod:`gnnattn.kernels.library`), except for a batch of blocks of
-different lengths, which takes ``"fused"`` there: SDPA runs such a batch in
-buckets, one call each, a Python structure that would recompile per batch.
+different lengths: SDPA runs such a batch in buckets, one call each, a Python
+structure that would recompile per batch, so there it takes ``"sdpa"`` only
+where the block kernel takes the whole batch in one call
+(:func:`~gnnattn.ops.sdpa.compiled_blocks`), and ``"fused"`` otherwise; and
+the tiles are taken only where an eager call estimated their fill before.
 An explicit backend is taken as asked, or refused with a ``ValueError`` that
-says why.
+says why; the one exception is ``"tiles"`` on non-finite ``q``, ``k`` or ``v``,
+which runs ``"fused"`` (see :func:`gnnattn.attention`).
 """
 
 from __future__ import annotations

@@ -211,8 +211,11 @@ def attention(
             mask keyed from torch's generator; ``"sdpa"`` uses SDPA's own).
             (default: ``0.0``)
         backend (str, optional): ``"auto"``, ``"mp"``, ``"sdpa"``,
-            ``"fused"`` or ``"tiles"``; see :func:`gnnattn.backend_for`.
-            (default: ``"auto"``)
+            ``"fused"`` or ``"tiles"``; see :func:`gnnattn.backend_for`. An
+            explicit ``"sdpa"`` refuses non-finite ``q``, ``k``, ``v`` (or scores
+            that may overflow) with a ``ValueError``; ``"tiles"`` runs ``"fused"``
+            on them, which keeps the non-finite rules, and the result's
+            ``backend`` says so. (default: ``"auto"``)
         return_lse (bool, optional): also return the per-target log-sum-exp.
             (default: :obj:`False`)
         need_weights (bool, optional): also return the weights.
