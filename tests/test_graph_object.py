@@ -466,6 +466,23 @@ def test_int32_edges_and_uncoalesced_coo_made_in_inference_mode_then_training():
     assert x.grad is not None and x3.grad is not None
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_sparse_csr_adjacency_made_in_inference_mode_then_training(dtype):
+    adj = torch.sparse_csr_tensor(
+        torch.tensor([0, 1, 3, 4], dtype=dtype),
+        torch.tensor([0, 0, 2, 1], dtype=dtype),
+        torch.ones(4),
+        (3, 3),
+    )
+    with torch.inference_mode():
+        graph = AttentionGraph(adj)
+    q = torch.randn(3, 2, 4, requires_grad=True)
+    attention(q, q, q, graph, backend="fused").sum().backward()
+    want = torch.autograd.grad(attention(q, q, q, graph, backend="mp").sum(), q)[0]
+    assert q.grad is not None
+    torch.testing.assert_close(q.grad, want)
+
+
 @pytest.mark.parametrize("materialize", [False, True])
 def test_causal_view_keeps_structure_and_edge_attr_order(materialize):
     conv = SelfAttentionConv(D, H, causal=True, edge_dim=3).double()

@@ -115,6 +115,20 @@ def test_reorder_bad_input():
         permute(ei, torch.arange(5))
     with pytest.raises(ValueError, match="'perm'"):
         permute(ei, torch.zeros(9, dtype=torch.long))
+    # Negative ids would wrap around, out-of-range ones index past the end.
+    for bad in ([-1, *range(1, 9)], [*range(8), 9]):
+        with pytest.raises(ValueError, match="'perm'"):
+            permute(ei, torch.tensor(bad))
+    with pytest.raises(TypeError, match="'perm'"):
+        permute(ei, torch.arange(9).double())
+
+
+@pytest.mark.parametrize("method", ["rcm", "metis"])
+def test_reorder_of_an_empty_graph_is_empty(method):
+    if method == "metis" and importlib.util.find_spec("pymetis") is None:
+        pytest.skip("pymetis is not installed")
+    perm, inv = reorder(torch.zeros(2, 0, dtype=torch.long), 0, method=method)
+    assert perm.shape == inv.shape == (0,)
 
 
 def lattice(side: int, dims: int) -> torch.Tensor:

@@ -161,7 +161,8 @@ class AttentionGraph:
         if causal and n_src is not None:
             raise ValueError(
                 "Expected a square graph with causal=True (causal order relates tokens of one "
-                f"sequence), got a bipartite one ({n_src} sources, {n_dst} targets)"
+                f"sequence), got a bipartite one ({n_src} sources, {n_dst} targets): passing "
+                "num_src makes a graph bipartite; leave it out for a square graph"
             )
         m = n_src if n_src is not None else n_dst
         plan = None

@@ -104,10 +104,16 @@ def from_sparse(
             # Kept as given (int32 stays int32 on the CPU, whose kernels
             # take it): no [2, E] int64 copy unless someone asks for
             # graph.edge_index (at 32M edges that copy is 512 MB).
+            # Copied when the adjacency was made in inference mode (as the
+            # [2, E] path does): the graph's tensors are saved for backward,
+            # which an inference tensor cannot be.
+            copy = adj_t.is_inference()
             col = adj_t.col_indices()
             if col.device.type != "cpu" or col.dtype != torch.int32:
-                col = col.long()
-            csr = CSR(adj_t.crow_indices().long(), col, None)
+                col = col.to(torch.long, copy=copy)
+            elif copy:
+                col = col.clone()
+            csr = CSR(adj_t.crow_indices().to(torch.long, copy=copy), col, None)
             ei = None
             # torch.sparse does not check its indices by default; the kernels
             # gather by them unchecked, so they are checked here, once.

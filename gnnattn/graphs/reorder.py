@@ -180,7 +180,10 @@ def reorder(
                 f"method={method!r} (which reads the edges alone)"
             )
         adj = _symmetric_adjacency(g)
-        order = _rcm(adj) if method == "rcm" else _metis(adj, block)
+        if n == 0:
+            order = np.empty(0, np.int64)  # scipy's orderings fail on an empty matrix
+        else:
+            order = _rcm(adj) if method == "rcm" else _metis(adj, block)
     perm = torch.from_numpy(np.ascontiguousarray(order, dtype=np.int64))
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(n)
@@ -311,7 +314,7 @@ def tile_fill(
     into dense columns (as tile kernels gather them). The fill is
 
     .. math::
-                ext{fill} = rac{|\mathcal{E}|}{\sum_W |W| \, |U_W|}
+        \text{fill} = \frac{|\mathcal{E}|}{\sum_W |W| \, |U_W|}
 
     (:math:`|W| = B` but for a shorter last window): 1 when every window is a
     complete bipartite block, about :math:`1 / B` for a random graph of
@@ -368,7 +371,14 @@ def permute(
     if not isinstance(perm, Tensor) or perm.dim() != 1 or perm.numel() != n:
         shape = list(perm.shape) if isinstance(perm, Tensor) else type(perm).__name__
         raise ValueError(f"Expected 'perm' of shape [{n}] (one entry per node), got {shape}")
+    if perm.dtype.is_floating_point or perm.dtype.is_complex or perm.dtype == torch.bool:
+        raise TypeError(f"Expected 'perm' of an integer dtype, got {perm.dtype}")
     perm = perm.to(g.device, torch.int64)
+    if n and bool(((perm < 0) | (perm >= n)).any()):
+        raise ValueError(
+            f"Expected 'perm' to be a permutation of 0..{n - 1}, got ids in "
+            f"[{int(perm.min())}, {int(perm.max())}]"
+        )
     inv = torch.full((n,), -1, dtype=torch.int64, device=g.device)
     inv[perm] = torch.arange(n, device=g.device)
     if n and bool((inv < 0).any()):

@@ -27,7 +27,7 @@ def check_edge_index_static(
     if ei.layout != torch.strided:
         raise TypeError(
             f"Expected '{name}' as a dense [2, E] tensor here, got layout {ei.layout}; "
-            f"pass sparse adjacencies through AttentionGraph"
+            "AttentionGraph also takes a sparse adjacency in COO, CSR or CSC layout"
         )
     if ei.dim() != 2 or ei.shape[0] != 2:
         raise ValueError(f"Expected '{name}' of shape [2, E], got {list(ei.shape)}")
