@@ -148,7 +148,7 @@ def section_tests(dry: bool) -> dict[str, Any]:
     select = "triton_ops_has_the_reference_api" if dry else "(triton or cuda or gpu) and not sm90"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", select]
     cmd += ["tests/test_triton_kernels.py", "tests/test_triton_edge.py", "tests/test_layers.py"]
-    cmd += ["tests/test_graph_object.py"]
+    cmd += ["tests/test_triton_tiles.py", "tests/test_graph_object.py"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     tail = (proc.stdout + proc.stderr)[-6000:]

@@ -16,7 +16,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["check_choice", "check_float", "check_int", "check_tensor", "check_x", "same_device"]
+__all__ = [
+    "check_choice",
+    "check_float",
+    "check_int",
+    "check_like",
+    "check_tensor",
+    "check_x",
+    "same_device",
+]
 
 
 def check_int(value: Any, name: str, *, min: int = 0, optional: bool = False) -> None:
@@ -99,6 +107,21 @@ def check_x(x: Any, width: int | None = None, name: str = "x") -> Tensor:
     if not x.is_floating_point():
         raise TypeError(f"Expected '{name}' of a floating dtype, got {x.dtype}")
     return x
+
+
+def check_like(x: Tensor, weight: Tensor, name: str = "x") -> None:
+    """Raise unless ``x`` is on the device and of the dtype of a layer's ``weight``
+    (any dtype under autocast, where the projections cast ``x`` themselves)."""
+    if x.device != weight.device:
+        raise ValueError(
+            f"Expected '{name}' on the layer's device {weight.device}, got {x.device} "
+            f"(move one with .to())"
+        )
+    if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(
+            f"Expected '{name}' of the layer's dtype {weight.dtype}, got {x.dtype} "
+            f"(convert with layer.to({x.dtype}) or x.to({weight.dtype}), or use torch.autocast)"
+        )
 
 
 def same_device(a: Tensor, b_device: torch.device, name: str, what: str) -> None:

@@ -248,3 +248,32 @@ def test_transformer_blocks_refuse_a_pair_of_inputs(make):
         make()((x, x))
     with pytest.raises(TypeError, match="Expected 'x' to be a Tensor, got ndarray"):
         make()(x.numpy())
+
+
+@pytest.mark.parametrize(
+    "x, exc, match",
+    [
+        (torch.randn(5, 6), ValueError, r"'x' of shape \[N, 8\], got \[5, 6\]"),
+        (torch.randn(8), ValueError, r"'x' of shape \[N, 8\]"),
+        (torch.randn(5, 8, dtype=torch.float64), TypeError, r"'x' of the layer's dtype"),
+        ((torch.randn(5, 7), torch.randn(5, 8)), ValueError, r"'x\[0\]' of shape \[N, 8\]"),
+        (
+            (torch.randn(5, 8), torch.randn(5, 8, dtype=torch.float64)),
+            TypeError,
+            r"'x\[1\]' of the layer's dtype",
+        ),
+    ],
+)
+def test_transformer_conv_names_a_bad_x(x, exc, match):
+    """Where PyG's layer raises torch's matmul error (or, for a 1-D x, a node count)."""
+    from gnnattn.nn import TransformerConv
+
+    with pytest.raises(exc, match=match):
+        TransformerConv(8, 4, heads=2)(x, EI)
+
+
+def test_gps_conv_names_x_of_another_dtype():
+    from gnnattn.nn import GPSConv
+
+    with pytest.raises(TypeError, match=r"'x' of the layer's dtype torch.float32"):
+        GPSConv(8, None, heads=2)(X.double(), EI)

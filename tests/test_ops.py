@@ -138,6 +138,36 @@ def test_lse_in_the_accumulation_dtype_on_every_backend(dtype):
         torch.testing.assert_close(lse.double(), want.lse, atol=0.1, rtol=0)
 
 
+@pytest.mark.parametrize("backend", ["mp", "fused", "tiles"])
+def test_edge_terms_of_another_dtype_keep_the_dtypes_of_q(backend):
+    """A float64 score bias and edge terms with half q: out and weights in q's dtype,
+    lse in the accumulation dtype, on the reference as on the kernels; the values
+    agree with float64 to the half rounding of the inputs (about 2^-8 relative)."""
+    torch.manual_seed(5)
+    graph = AttentionGraph(torch.tensor([[0, 1, 2, 2, 3, 0], [1, 2, 0, 1, 1, 1]]), 5)
+    q, k, v = (torch.randn(5, 2, 4, dtype=torch.float64) for _ in range(3))
+    extra = dict(
+        score_bias=torch.randn(6, 2, dtype=torch.float64),
+        edge_attr=torch.randn(6, 3, dtype=torch.float64),
+        edge_key=torch.randn(8, 3, dtype=torch.float64),
+        edge_value=torch.randn(8, 3, dtype=torch.float64),
+    )
+    want = attention(q, k, v, graph, backend="mp", **extra)
+    half = [t.half() for t in (q, k, v)]
+    got = attention(*half, graph, backend=backend, return_lse=True, need_weights=True, **extra)
+    assert got.out.dtype == got.weights.dtype == torch.float16
+    assert got.lse.dtype == torch.float32
+    torch.testing.assert_close(got.out.double(), want, atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("backend", ["mp", "fused", "tiles", "sdpa"])
+def test_zero_nodes_give_zero_gradients_on_every_backend(backend):
+    q = torch.randn(0, 2, 4, requires_grad=True)
+    out = attention(q, q, q, AttentionGraph.complete(lengths=[]), backend=backend)
+    (grad,) = torch.autograd.grad(out.sum(), q)
+    assert out.shape == (0, 2, 4) and grad.shape == (0, 2, 4)
+
+
 def test_dropout_same_mask_on_mp_and_fused_and_kept_fraction():
     n, h = 400, 4
     ei = torch.randint(0, n, (2, 6000), generator=torch.Generator().manual_seed(0))

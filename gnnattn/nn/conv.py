@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
-from ..checks import check_float, check_int, check_x
+from ..checks import check_float, check_int, check_like, check_x
 from ..ops import AttentionOutput, BackendChoice, check_backend
 from .bias import check_attn_bias
 from .parts import AnyGraph, PartLike, attend, choose, graph_or_part
@@ -83,7 +83,7 @@ class SelfAttentionConv(MessagePassing):
           ``return_attention_weights=True`` also
           ``(edge_index [2, |E|], alpha [|E|, H])``. ``alpha`` is taken
           *before* dropout; on the ``"fused"`` backend it is recomputed from the
-          saved log-sum-exp and carries no gradient.
+          saved log-sum-exp; on ``"fused"`` and ``"tiles"`` it carries no gradient.
 
     Example:
         >>> layer = SelfAttentionConv(8, num_heads=2)
@@ -316,25 +316,11 @@ class SelfAttentionConv(MessagePassing):
                 raise TypeError(
                     f"Expected 'x[0]' and 'x[1]' of one dtype, got {x_src.dtype} and {x_dst.dtype}"
                 )
-            self._check_like_params(x_src, "x")
+            check_like(x_src, self.lin_query.weight)
             return x_src, x_dst, True
         check_x(x, self.embed_dim)
-        self._check_like_params(x, "x")
+        check_like(x, self.lin_query.weight)
         return x, x, False
-
-    def _check_like_params(self, x: Tensor, name: str) -> None:
-        w = self.lin_query.weight
-        if x.device != w.device:
-            raise ValueError(
-                f"Expected '{name}' on the layer's device {w.device}, got {x.device} "
-                f"(move one with .to())"
-            )
-        # Under autocast the projections cast x themselves.
-        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
-            raise TypeError(
-                f"Expected '{name}' of the layer's dtype {w.dtype}, got {x.dtype} "
-                f"(convert with layer.to({x.dtype}) or x.to({w.dtype}), or use torch.autocast)"
-            )
 
     def _check_edge_attr(
         self,

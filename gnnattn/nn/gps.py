@@ -15,7 +15,7 @@ from torch_geometric.nn.inits import reset
 from torch_geometric.nn.resolver import activation_resolver, normalization_resolver
 from torch_geometric.typing import Adj
 
-from ..checks import check_float, check_int, check_tensor, check_x
+from ..checks import check_float, check_int, check_like, check_tensor, check_x
 from ..graphs import AttentionGraph, ComposedGraph, check_batch, exphormer_graph
 from ..ops import AttentionOutput, BackendChoice, attention, backend_for, check_backend
 from ..ops import dropout as stream_dropout
@@ -342,10 +342,12 @@ class GPSConv(torch.nn.Module):
                 dropout (for ``"multihead"`` what ``attn(x_g, x_g, x_g,
                 average_attn_weights=False)`` returns for graph :math:`g`, as
                 edges). On ``"fused"`` the weights are recomputed from the
-                saved log-sum-exp and carry no gradient. (default: :obj:`False`)
+                saved log-sum-exp; on ``"fused"`` and ``"tiles"`` they carry no
+                gradient. (default: :obj:`False`)
             **kwargs: further arguments of ``conv`` (``edge_attr``, ...).
         """
         check_x(x, self.channels)
+        check_like(x, self.attn.in_proj_weight)
         # The graph and the bias are checked before any work is done.
         graph = self._attn_graph(x, edge_index, batch, attn_graph)
         bias = self._score_bias(x, graph, attn_bias, attn_edge_attr)

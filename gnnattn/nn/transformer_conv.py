@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
-from ..checks import check_float, check_int, check_tensor
+from ..checks import check_float, check_int, check_like, check_tensor, check_x
 from ..ops import AttentionOutput, BackendChoice, check_backend
 from .parts import AnyGraph, PartLike, attend, choose, graph_or_part
 
@@ -240,8 +240,12 @@ class TransformerConv(MessagePassing):
         edge_attr: Tensor | None,
     ) -> tuple[AnyGraph, Tensor, Tensor, Tensor | None]:
         """``(graph, x_src, x_dst, edge_attr)`` checked, with ``edge_attr`` on the graph's edges."""
-        x_src, x_dst = (x, x) if isinstance(x, Tensor) else self._pair(x)
-        check_tensor(x_dst, "x")
+        if isinstance(x, Tensor):
+            x_src = x_dst = check_x(x, self.lin_query.in_features)
+        else:
+            x_src, x_dst = self._pair(x)
+        check_like(x_src, self.lin_key.weight, "x" if x_src is x else "x[0]")
+        check_like(x_dst, self.lin_query.weight, "x" if x_dst is x else "x[1]")
         graph = graph_or_part(
             edge_index,
             num_src=x_src.shape[0],
@@ -256,7 +260,10 @@ class TransformerConv(MessagePassing):
             raise TypeError(
                 f"Expected 'x' to be a Tensor or a pair (x_src, x_dst), got {type(x).__name__}"
             )
-        return check_tensor(x[0], "x[0]"), check_tensor(x[1], "x[1]")
+        return (
+            check_x(x[0], self.lin_key.in_features, "x[0]"),
+            check_x(x[1], self.lin_query.in_features, "x[1]"),
+        )
 
     def _edge_attr(self, edge_attr: Tensor | None, graph: AnyGraph) -> Tensor | None:
         if self.lin_edge is None:

@@ -112,15 +112,18 @@ def mp_attention(a: AttentionArgs) -> tuple[Tensor, Tensor | None, Tensor]:
     size = (k.shape[0], q.shape[0])
     h = q.shape[1]
     key_bias = value_bias = None
+    # The edge terms in the keys' and values' dtype, the score bias in the scores'
+    # (as the kernels take them): the results keep q's dtype whatever these come in.
     if edge_attr is not None and edge_key is not None:
-        key_bias = (edge_attr @ edge_key.T).view(-1, h, q.shape[2])  # (E, H, C)
+        key_bias = (edge_attr.to(k.dtype) @ edge_key.to(k.dtype).T).view(-1, h, q.shape[2])
     if edge_attr is not None and edge_value is not None:
-        value_bias = (edge_attr @ edge_value.T).view(-1, h, v.shape[2])  # (E, H, Cv)
+        value_bias = (edge_attr.to(v.dtype) @ edge_value.to(v.dtype).T).view(-1, h, v.shape[2])
+    bias = a.score_bias.to(acc_dtype(q.dtype)) if a.score_bias is not None else None
     score = mp.edge_updater(
         edge_index,
         query=q,
         key=k,
-        score_bias=a.score_bias,
+        score_bias=bias,
         key_bias=key_bias,
         scale=a.scale,
         size=size,

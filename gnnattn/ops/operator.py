@@ -245,7 +245,9 @@ def attention(
     """
     _check(q, k, v, graph, score_bias, edge_attr, edge_key, edge_value)
     p = check_float(dropout_p, "dropout_p", lo=0.0, hi=1.0)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_float(scale, "scale")
+    scale = (
+        1.0 / math.sqrt(q.shape[-1]) if scale is None else check_float(scale, "scale", finite=True)
+    )
     choice = backend_for(
         q,
         graph,

@@ -284,7 +284,10 @@ def sdpa_attention(
     cv = v.shape[-1]
     lengths = s.lengths
     if n == 0:
-        return v.new_zeros(0, h, cv), (q.new_zeros(0, h) if need_weights else None)
+        # Empty, but in the autograd graph of q, k and v (zero gradients), as the other
+        # backends' outputs are: a backward through it must not find no grad_fn.
+        out = v[:0] + (q.sum() + k.sum()).to(v.dtype) * 0  # (0, H, Cv)
+        return out, (q.new_zeros(0, h) if need_weights else None)
     if not s.uniform and _block_kernel(q, v, graph, dropout_p):
         out = block_attention(q, k, v, graph.block_starts(), scale)
         weights = _gather_weights(q, k, graph, scale, None) if need_weights else None
