@@ -339,6 +339,8 @@ def test_operator_errors_name_the_argument():
         attention(q, q, q, g, dropout_p=float("nan"))
     with pytest.raises(ValueError, match="'backend'"):
         attention(q, q, q, g, backend="dense")
+    with pytest.raises(ValueError, match="'scale' to be a finite float"):
+        attention(q, q, q, g, scale=float("inf"))
 
 
 # Module-level values that are not state: immutable data, and what Python

@@ -245,9 +245,11 @@ def attention(
     """
     _check(q, k, v, graph, score_bias, edge_attr, edge_key, edge_value)
     p = check_float(dropout_p, "dropout_p", lo=0.0, hi=1.0)
-    scale = (
-        1.0 / math.sqrt(q.shape[-1]) if scale is None else check_float(scale, "scale", finite=True)
-    )
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    else:
+        # Not under compile, where a layer's scale may be a traced (symbolic) float.
+        scale = check_float(scale, "scale", finite=not torch.compiler.is_compiling())
     choice = backend_for(
         q,
         graph,
