@@ -306,7 +306,9 @@ def _read_graph(path: str) -> tuple[Any, int | None]:
     try:
         data = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:  # pickle, zip and I/O errors alike: not a torch.save file
-        raise ValueError(f"could not read {path!r} as a torch.save file: {err}") from None
+        raise ValueError(
+            f"could not read {path!r} as a torch.save file: {type(err).__name__}: {err}"
+        ) from None
     num_nodes = None
     if isinstance(data, dict):
         if "edge_index" not in data:
@@ -366,6 +368,12 @@ def _cmd_partition(args: argparse.Namespace) -> int:
             + (" (causal)" if graph.is_causal else "")
             + f"; {args.method} into {n_parts} parts in {seconds:.1f} s"
         )
+        try:
+            os.makedirs(args.out, exist_ok=True)
+        except OSError as err:  # e.g. no permission, or a file in the way
+            raise ValueError(
+                f"--out: expected a folder that can be made, got {args.out!r}: {err}"
+            ) from err
         paths = []
         for r in range(n_parts):
             progress.set_description(f"writing part {r + 1} of {n_parts}")

@@ -23,6 +23,22 @@ def test_good_layer_is_equal():
     assert "agreement: OK" in res.table()
 
 
+def test_a_nan_output_fails_its_row():
+    """Inputs at which float16 MultiheadAttention overflows to NaN: its row fails."""
+    torch.manual_seed(0)
+    layer = SelfAttentionConv(8, 2)
+    res = compare(layer, torch.randn(4, 8) * 3000, dtypes=["float16"], causal=[False],
+                  candidates=["nn.MultiheadAttention"], reps=1)  # fmt: skip
+    row = res.row("nn.MultiheadAttention", "float16")
+    assert math.isnan(row.out_rel) and row.ok is False and not res.ok
+
+
+def test_a_causal_layer_is_compared_as_the_harness_masks_it():
+    torch.manual_seed(0)
+    res = compare(SelfAttentionConv(8, 2, causal=True), **FAST, candidates=["mp", "F.sdpa"])
+    assert res.ok, res.table()
+
+
 class WrongScale(SelfAttentionConv):
     """Forgets the 1/sqrt(C) of scaled dot-product attention."""
 

@@ -234,7 +234,7 @@ def test_operator_asks_for_dedge_attr_only_when_edge_attr_needs_it(monkeypatch):
     real = cpu.attention_bwd_op
 
     def spy(*args):
-        asked.append(args[-1])  # need_dedge_attr
+        asked.append(args[12])  # need_dedge_attr (then grad_lse)
         return real(*args)
 
     monkeypatch.setattr(cpu, "attention_bwd_op", spy)

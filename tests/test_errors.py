@@ -277,3 +277,12 @@ def test_gps_conv_names_x_of_another_dtype():
 
     with pytest.raises(TypeError, match=r"'x' of the layer's dtype torch.float32"):
         GPSConv(8, None, heads=2)(X.double(), EI)
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_graph_transformer_layer_names_x_of_another_width(norm_first):
+    from gnnattn.nn import GraphTransformer, GraphTransformerLayer
+
+    for layer in (GraphTransformerLayer(8, 2, norm_first=norm_first), GraphTransformer(1, 8, 2)):
+        with pytest.raises(ValueError, match=r"'x' of shape \[N, 8\], got \[5, 4\]"):
+            layer(torch.randn(5, 4), EI)

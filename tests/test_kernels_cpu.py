@@ -416,6 +416,37 @@ def test_options_on_hub_pieces_of_every_segment(monkeypatch):
     check_options("source hub", False, dropout=DROP)
 
 
+@pytest.mark.parametrize("pieces", [False, True])
+@pytest.mark.parametrize("dropout", [None, DROP])
+def test_lse_gradient_is_autograd_of_the_reference(monkeypatch, pieces, dropout):
+    """A loss of out and lse: ``grad_lse`` enters as ``D_i - grad_lse_i`` (d lse_i / d s_ij =
+    alpha_ij, the weights before dropout), on the reference and the kernels, whole
+    segments and hub pieces; an isolated target and a masked edge included."""
+    if pieces:
+        monkeypatch.setattr(plans, "_PIECE_MIN", 3)
+        monkeypatch.setattr(plans, "_PIECES", 10**9)
+    ptr = csr_of([3, 0, 7, 2])
+    col = torch.tensor([0, 0, 4, 1, 2, 3, 4, 0, 1, 2, 3, 4])
+    g = torch.Generator().manual_seed(4)
+    leaves = [
+        torch.randn(*shape, generator=g, dtype=F64, requires_grad=True)
+        for shape in ((4, 2, 3), (5, 2, 3), (5, 2, 2), (12, 2))
+    ]
+    mask = torch.zeros(12, 2, dtype=F64)
+    mask[2, 0] = float("-inf")
+    out, lse = ref.attention_fwd(*leaves[:3], ptr, col, 0.7, leaves[3] + mask, dropout=dropout)
+    go = torch.randn(out.shape, generator=g, dtype=F64)
+    gl = torch.randn(lse.shape, generator=g, dtype=F64)
+    auto = torch.autograd.grad((out * go).sum() + (lse.nan_to_num(neginf=0.0) * gl).sum(), leaves)
+    q, k, v, b = (t.detach() for t in leaves)
+    for kern in (ref, cpu):
+        got = kern.attention_bwd(
+            q, k, v, None, lse.detach(), go, ptr, col, 0.7, b + mask, dropout=dropout, grad_lse=gl
+        )
+        for a, want in zip(got, auto, strict=True):
+            assert_close(a, want, TOL64)
+
+
 def test_source_pass_alone_recomputes_the_weights():
     # With a bias, attention_bwd hands the source pass the stored dS and P;
     # called alone it recomputes them from the scores, the bias's rows and

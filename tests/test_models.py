@@ -163,6 +163,17 @@ def test_sequence_positions_and_sinusoids():
         SinusoidalPositionalEncoding(7)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sinusoids_keep_their_frequencies_after_a_cast(dtype):
+    """The frequencies are not a buffer that .half() would round: far positions keep
+    the float64 encoding, rounded once to the module's dtype."""
+    pos = torch.tensor([0, 10, 1000, 5000])
+    want = SinusoidalPositionalEncoding(16).encoding(pos)
+    got = SinusoidalPositionalEncoding(16).to(dtype)(torch.zeros(4, 16, dtype=dtype), pos)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.to(dtype).float())
+
+
 def test_learned_positions():
     pe = LearnedPositionalEncoding(4, 8)
     x = torch.zeros(5, 8)
@@ -172,6 +183,8 @@ def test_learned_positions():
         pe(x)
     with pytest.raises(ValueError, match="either 'pos' or 'batch'"):
         pe(x, torch.zeros(5, dtype=torch.long), batch=torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="positions >= 0 in 'pos', got -1"):
+        pe(x, torch.tensor([-1, 0, 1, 2, 3]))
 
 
 def karate():

@@ -160,6 +160,41 @@ def test_edge_terms_of_another_dtype_keep_the_dtypes_of_q(backend):
     torch.testing.assert_close(got.out.double(), want, atol=0.05, rtol=0.02)
 
 
+@pytest.mark.parametrize("backend", ["fused", "tiles", "sdpa"])
+@pytest.mark.parametrize("options", ["none", "all"])
+def test_the_lse_is_differentiable_on_every_backend(backend, options):
+    """A loss of the output and the log-sum-exp (or of the lse alone): every backend's
+    gradients are mp's (float64), with a score bias, edge features and dropout."""
+    if backend == "sdpa" and options == "all":
+        pytest.skip("sdpa takes no score bias or edge features")
+    torch.manual_seed(6)
+    graph = AttentionGraph.complete(lengths=[4, 3, 5])
+    e = graph.num_edges
+    leaves = [torch.randn(12, 2, 4, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    extra = {}
+    if options == "all":
+        extra = dict(
+            score_bias=torch.randn(e, 2, dtype=torch.float64, requires_grad=True),
+            edge_attr=torch.randn(e, 3, dtype=torch.float64, requires_grad=True),
+            edge_key=torch.randn(8, 3, dtype=torch.float64, requires_grad=True),
+            edge_value=torch.randn(8, 3, dtype=torch.float64, requires_grad=True),
+            dropout_p=0.25,
+        )
+    inputs = leaves + [t for t in extra.values() if isinstance(t, torch.Tensor)]
+    grads = {}
+    for name in ("mp", backend):
+        torch.manual_seed(7)  # the same dropout mask
+        res = attention(*leaves, graph, backend=name, return_lse=True, **extra)
+        weight = torch.linspace(-1, 1, res.out.numel(), dtype=torch.float64).view_as(res.out)
+        both = torch.autograd.grad((res.out * weight).sum() + res.lse.sin().sum(), inputs)
+        torch.manual_seed(7)
+        res = attention(*leaves, graph, backend=name, return_lse=True, **extra)
+        alone = torch.autograd.grad(res.lse.sum(), leaves[:2])
+        grads[name] = (*both, *alone)
+    for a, b in zip(grads[backend], grads["mp"], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
 @pytest.mark.parametrize("backend", ["mp", "fused", "tiles", "sdpa"])
 def test_zero_nodes_give_zero_gradients_on_every_backend(backend):
     q = torch.randn(0, 2, 4, requires_grad=True)

@@ -79,6 +79,8 @@ def test_bad_inputs_are_one_line_and_status_2(tmp_path, capsys):
     _error(capsys, ["partition", str(good), "--parts", "2", "--method", "spectral", *out],
            "--method")  # fmt: skip
     _error(capsys, ["partition", str(good), "--parts", "2", "--out", str(good)], "--out")
+    # A folder that cannot be made (under a file): one line, not a traceback.
+    _error(capsys, ["partition", str(good), "--parts", "2", "--out", str(good / "o")], "--out")
     text = tmp_path / "text.pt"
     text.write_text("not a tensor")
     _error(capsys, ["partition", str(text), "--parts", "2", *out], "torch.save file")

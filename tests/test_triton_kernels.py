@@ -312,6 +312,19 @@ def test_triton_attention_grad_equals_autograd_of_reference() -> None:
         torch.testing.assert_close(got, leaf.grad, **TOL[torch.float64])
 
 
+def test_triton_attention_lse_grad_equals_autograd_of_reference() -> None:
+    """A loss of out and lse: the lse gradient enters D_i on the host (D_i - grad_lse_i)."""
+    q, k, v, ptr, col, _ = _attention_inputs(ALENS, 7, 2, 24, 24, torch.float64, False)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ro, rl = ref.attention_fwd(*leaves, ptr, col, 0.3)
+    go, gl = torch.randn_like(ro), torch.randn_like(rl)
+    ((ro * go).sum() + (rl.nan_to_num(neginf=0.0) * gl).sum()).backward()
+    out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.3)
+    grads = ta.attention_bwd(q, k, v, out, lse, go, ptr, col, 0.3, grad_lse=gl)
+    for got, leaf in zip(grads[:3], leaves, strict=True):
+        torch.testing.assert_close(got, leaf.grad, **TOL[torch.float64])
+
+
 def test_triton_attention_backward_is_deterministic() -> None:
     q, k, v, ptr, col, b = _attention_inputs([3, 30, 1, 12], 4, 2, 16, 16, torch.float32, True)
     out, lse = ta.attention_fwd(q, k, v, ptr, col, 0.25, b)

@@ -145,6 +145,9 @@ def test_bad_input():
         viz.draw_attention(ei, alpha, top_k=0)
     with pytest.raises(ValueError, match="'edge_index'"):
         viz.attention_matrix(ei[:1], alpha)
+    for bad in (float("nan"), float("inf"), -0.5):
+        with pytest.raises(ValueError, match="finite weights >= 0 in 'alpha'"):
+            viz.draw_attention(ei, torch.cat([alpha[:1] * 0 + bad, alpha[1:]]))
 
 
 def test_tokens_are_plain_text():

@@ -248,8 +248,11 @@ def _attention_bwd(
     scale: float,
     dropout_p: float,
     need_dedge_attr: bool,
+    grad_lse: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dbias, dedge_attr, dedge_query)``; an absent one is empty ``[0]``.
+
+    ``grad_lse`` is the gradient of the forward's ``lse`` (``None``: zero).
 
     ``out`` (and ``edge_out``) are read by the kernels that take ``D_i`` from
     the outputs (Triton's); the CPU kernels recompute it from the edges, and
@@ -278,6 +281,7 @@ def _attention_bwd(
             dropout,
             scale,
             need_dedge_attr,
+            grad_lse,
         )
         # Four results without edge features, six with (d edge_attr, d edge_query).
         dea, deq = grads[4:] if edge_attr is not None else (None, None)
@@ -293,9 +297,9 @@ def _attention_bwd(
         layout["csc"] = (tptr, trow, tperm)
         if csc_plan.numel():
             layout["csc_plan"] = plan_from_tensors(kern, tptr, trow, q.shape[0], csc_plan, tperm)
-    opts: dict[str, Any] = {}
+    opts: dict[str, Any] = {} if grad_lse is None else {"grad_lse": grad_lse}
     if edge_attr is not None:
-        opts = {
+        opts |= {
             "edge_attr": edge_attr,
             "edge_query": edge_query,
             "grad_edge_out": grad_edge_out,
@@ -325,7 +329,7 @@ def _attention_bwd(
     deq = res[-1] if edge_attr is not None else None
     grads = [dq, dk, dv, dbias, dea, deq]
     inputs = (q, k, v, out, lse, grad_out, bias, edge_attr, edge_query, edge_out, grad_edge_out)
-    return _owned(grads, inputs, q)
+    return _owned(grads, (*inputs, grad_lse), q)
 
 
 attention_bwd = torch.library.custom_op("gnnattn::attention_bwd", mutates_args=())(_attention_bwd)
@@ -355,6 +359,7 @@ def _attention_bwd_fake(
     scale,
     dropout_p,
     need_dedge_attr,
+    grad_lse=None,
 ):  # type: ignore[no-untyped-def]
     # Contiguous, as _owned makes the results, whatever the inputs' strides.
     dbias = bias.new_empty(bias.shape) if bias is not None else _empty(q)
@@ -394,16 +399,24 @@ def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ..
         eo if keep_out and ea is not None else None,
     )
     ctx.scale, ctx.p = scale, p
+    # The outputs a loss does not use get None, not zeros: the usual call (out alone)
+    # then passes no lse gradient down to be read by the kernels.
+    ctx.set_materialize_grads(False)
 
 
-def _attention_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor, grad_eo: Tensor) -> Any:
+def _attention_backward(
+    ctx: Any, grad_out: Tensor | None, grad_lse: Tensor | None, grad_eo: Tensor | None
+) -> Any:
     q, k, v, ptr, col, plan, tptr, trow, tperm, csc_plan, bias, ea, eq, key, out, lse, eo = (
         ctx.saved_tensors
     )
     need_dea = ea is not None and ctx.needs_input_grad[11]
     ge = grad_eo.contiguous() if ea is not None and grad_eo is not None else None
+    if grad_out is None:  # a loss of lse (or edge_out) alone
+        grad_out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
     grad_out = grad_out.contiguous()
-    saved = (q, k, v, out, lse, grad_out, bias, ea, eq, eo, ge)
+    glse = grad_lse.contiguous() if grad_lse is not None else None
+    saved = (q, k, v, out, lse, grad_out, bias, ea, eq, eo, ge, glse)
     bwd = _attention_bwd if _eager(saved) else torch.ops.gnnattn.attention_bwd
     dq, dk, dv, dbias, dea, deq = bwd(
         q,
@@ -428,6 +441,7 @@ def _attention_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor, grad_eo: T
         ctx.scale,
         ctx.p,
         need_dea,
+        glse,
     )
     return (
         dq,

@@ -349,9 +349,13 @@ def attention_bwd(
     edge_query: Tensor | None = None,
     grad_edge_out: Tensor | None = None,
     need_dedge_attr: bool = True,
+    grad_lse: Tensor | None = None,
 ) -> tuple[Tensor | None, ...]:
     """Gradients of :func:`attention_fwd` w.r.t. ``q``, ``k``, ``v``, ``bias`` (and
     ``edge_attr``, ``edge_query``).
+
+    ``grad_lse`` ``[N, H]`` is the gradient of the forward's ``lse`` (``None``:
+    zero). ``d lse_i / d s_ij = alpha_ij``, so it enters as ``D_i - grad_lse_i``.
 
     FlashAttention's recomputation: ``alpha`` comes back from ``lse``, and the
     softmax backward uses ``D_i = sum_c dout_ic * out_ic`` (equal to
@@ -397,6 +401,8 @@ def attention_bwd(
         # the rounding of lse, which the division removes).
         total = segment_sum(alpha, index, n)
         d = segment_sum(alpha * dalpha, index, n) / torch.where(total == 0, 1.0, total)
+    if grad_lse is not None:
+        d = d - grad_lse
     ds = alpha * (dalpha - d[index])  # (E, H)
     dq = segment_sum(ds.unsqueeze(-1) * k[col], index, n) * scale
     dk = segment_sum(ds.unsqueeze(-1) * q[index], col, m) * scale

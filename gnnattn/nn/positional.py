@@ -117,15 +117,14 @@ class SinusoidalPositionalEncoding(torch.nn.Module):
         self.base = check_float(base, "base", finite=True)
         if self.base <= 0:  # log(base) below: a NaN encoding otherwise
             raise ValueError(f"Expected 'base' > 0, got {base}")
-        k = torch.arange(0, embed_dim, 2, dtype=torch.float64)
-        self.inv_freq: Tensor
-        self.register_buffer(
-            "inv_freq", torch.exp(-math.log(self.base) * k / embed_dim), persistent=False
-        )
 
     def encoding(self, pos: Tensor) -> Tensor:
         """The ``[N, D]`` encodings of integer positions ``pos`` ``[N]`` (float32)."""
-        ang = pos.to(torch.float64).view(-1, 1) * self.inv_freq.view(1, -1)  # (N, D/2)
+        # The frequencies made per call in float64 (D/2 numbers), not kept as a buffer:
+        # .half() would round a buffer, and sin(pos * freq) at pos ~ 1e3 with it.
+        k = torch.arange(0, self.embed_dim, 2, dtype=torch.float64, device=pos.device)
+        inv_freq = torch.exp(-math.log(self.base) * k / self.embed_dim)  # (D/2,)
+        ang = pos.to(torch.float64).view(-1, 1) * inv_freq.view(1, -1)  # (N, D/2)
         pe = torch.stack([ang.sin(), ang.cos()], dim=-1)  # (N, D/2, 2)
         return pe.view(pos.shape[0], self.embed_dim).float()  # (N, D)
 
@@ -182,6 +181,8 @@ class LearnedPositionalEncoding(torch.nn.Module):
                 f"Expected positions below max_len={self.max_len}, got {int(p.max())}; build "
                 f"the encoding with a larger max_len"
             )
+        if not torch.compiler.is_compiling() and p.numel() and int(p.min()) < 0:
+            raise ValueError(f"Expected positions >= 0 in 'pos', got {int(p.min())}")
         return x + self.embedding(p).to(x.dtype)
 
     def __repr__(self) -> str:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..checks import check_float, check_int, check_tensor
+from ..checks import check_float, check_int, check_tensor, check_x
 from ..ops import BackendChoice, relu_dropout
 from .bias import check_attn_bias
 from .conv import SelfAttentionConv
@@ -46,15 +46,16 @@ def _activation(activation: str | Callable[[Tensor], Tensor]) -> Callable[[Tenso
     return activation
 
 
-def _self_attention_input(x: object) -> None:
-    """A block is self-attention with a residual: ``x`` is one ``[|V|, D]`` tensor."""
+def _self_attention_input(x: object, width: int) -> None:
+    """A block is self-attention with a residual: ``x`` is one ``[|V|, D]`` tensor (checked
+    before the first norm, whose own error would not name ``x``)."""
     if isinstance(x, (tuple, list)):
         raise TypeError(
             "Expected 'x' to be a Tensor [N, D] (a transformer block attends within one set "
             "of nodes and adds x back), got a pair; for (x_src, x_dst) use "
             "SelfAttentionConv or TransformerConv"
         )
-    check_tensor(x, "x")
+    check_x(x, width)
 
 
 class GraphTransformerLayer(torch.nn.Module):
@@ -211,7 +212,7 @@ class GraphTransformerLayer(torch.nn.Module):
             backend (str, optional): the attention's backend for this call
                 instead of the layer's. (default: :obj:`None`)
         """
-        _self_attention_input(x)
+        _self_attention_input(x, self.embed_dim)
         h = self.norm1(x) if self.norm_first else x
         res = self.self_attn(
             h,
@@ -454,7 +455,7 @@ class GraphTransformer(torch.nn.Module):
             backend (str, optional): every block's attention backend for this
                 call instead of the layers'. (default: :obj:`None`)
         """
-        _self_attention_input(x)
+        _self_attention_input(x, self.embed_dim)
         graph, edge_attr = self._inputs(x, edge_index, edge_attr, batch)
         if attn_bias is not None:
             # Aligned with the graph's edges once, for every block.

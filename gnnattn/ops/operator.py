@@ -216,8 +216,8 @@ def attention(
             that may overflow) with a ``ValueError``; ``"tiles"`` runs ``"fused"``
             on them, which keeps the non-finite rules, and the result's
             ``backend`` says so. (default: ``"auto"``)
-        return_lse (bool, optional): also return the per-target log-sum-exp.
-            (default: :obj:`False`)
+        return_lse (bool, optional): also return the per-target log-sum-exp,
+            differentiable on every backend. (default: :obj:`False`)
         need_weights (bool, optional): also return the weights.
             (default: :obj:`False`)
         edge_attr (Tensor, optional): ``[|E|, F]`` edge features (in

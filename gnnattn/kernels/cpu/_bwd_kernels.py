@@ -176,15 +176,18 @@ def _dst_delta(
 
 
 @numba.njit(**_INLINE)
-def _delta(dl, lse, ld, i):  # pragma: no cover - compiled
-    """``ld[i] = (lse_i, D_i)``, ``D_i`` from :func:`_dst_delta`'s sums."""
+def _delta(dl, lse, glse, ld, i):  # pragma: no cover - compiled
+    """``ld[i] = (lse_i, D_i - glse_i)``, ``D_i`` from :func:`_dst_delta`'s sums and
+    ``glse`` the gradient of ``lse`` (``[N, H]``, or ``[0, H]`` for zero):
+    ``d lse_i / d s_ij = alpha_ij``, so ``dS_ij = alpha_ij (dp_ij - D_i + glse_i)``."""
     nh = dl.shape[0] // 2
     zero = dl.dtype.type(0)
     one = dl.dtype.type(1)
     for h in range(nh):
         tot = dl[nh + h]
         ld[i, h] = lse[i, h]
-        ld[i, nh + h] = dl[h] / (one if tot == zero else tot)
+        g = glse[i, h] if glse.shape[0] else zero
+        ld[i, nh + h] = dl[h] / (one if tot == zero else tot) - g
 
 
 # fmt: off
@@ -267,8 +270,8 @@ def _sum_rows_ol(out, i, parts, x0, x1):  # pragma: no cover - compiled
 
 @numba.njit(**_JIT)
 def _bwd_dst_kernel(
-    q, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, nf, ptr, col, scale, bounds, limit,
-    dq, ld, dbias, deq, dea,
+    q, k, v, dout, lse, glse, bias, has_bias, key, dscale, ea, eq, gg, nf, ptr, col, scale, bounds,
+    limit, dq, ld, dbias, deq, dea,
 ):  # pragma: no cover - compiled
     nh = lse.shape[1]
     cq = q.shape[1] // nh
@@ -289,7 +292,7 @@ def _bwd_dst_kernel(
                 q, i, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, col, s0, e0, scale,
                 wa, wp, wf, dl, dbias,
             )
-            _delta(dl, lse, ld, i)
+            _delta(dl, lse, glse, ld, i)
             acc[:] = zero
             eacc[:] = zero
             _dst_grad(
@@ -303,8 +306,8 @@ def _bwd_dst_kernel(
 
 @numba.njit(**_JIT)
 def _bwd_dst_pieces_kernel(
-    q, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, nf, col, scale, pieces, seg, dq,
-    ld, dbias, deq, dea,
+    q, k, v, dout, lse, glse, bias, has_bias, key, dscale, ea, eq, gg, nf, col, scale, pieces, seg,
+    dq, ld, dbias, deq, dea,
 ):  # pragma: no cover - compiled
     nh = lse.shape[1]
     cq = q.shape[1] // nh
@@ -329,7 +332,7 @@ def _bwd_dst_pieces_kernel(
         for x in range(seg[s] & _NN, seg[s + 1]):
             for h in range(2 * nh):
                 dl[h] += pd[x, h]
-        _delta(dl, lse, ld, pieces[seg[s], 0] & _NN)
+        _delta(dl, lse, glse, ld, pieces[seg[s], 0] & _NN)
     for x in prange(npc):
         _dst_grad(
             q, pieces[x, 0] & _NN, k, v, dout, lse, bias, has_bias, key, dscale, ea, eq, gg, col,

@@ -105,8 +105,10 @@ def _bwd_dst(
     grad_edge_out: Tensor | None = None,
     weights: bool = False,
     need_dedge_attr: bool = True,
+    grad_lse: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
-    """:func:`attention_bwd_dst` with the edge features of :func:`attention_bwd`.
+    """:func:`attention_bwd_dst` with the edge features and ``grad_lse`` of
+    :func:`attention_bwd`.
 
     With ``weights`` (and a stored ``dS``: a bias or edge features) the pass
     also stores the dropped weights ``P_ij = alpha_ij f_ij`` beside ``dS``,
@@ -127,6 +129,8 @@ def _bwd_dst(
     n, nh, _ = q.shape
     _check_rows("grad_out", grad_out, (n, nh, v.shape[2]))
     _check_rows("lse", lse, (n, nh))
+    if grad_lse is not None:
+        _check_rows("grad_lse", grad_lse, (n, nh))
     drop = _check_options(dropout)
     nf = _check_edge(edge_attr, edge_query, q, e)
     if edge_attr is not None and grad_edge_out is not None:
@@ -151,6 +155,7 @@ def _bwd_dst(
         grad_edge_out,
         weights,
         need_dedge_attr,
+        grad_lse=grad_lse,
     )
 
 
@@ -170,10 +175,12 @@ def dst_pass(
     weights: bool,
     need_dedge_attr: bool,
     store: bool = False,
+    grad_lse: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """:func:`_bwd_dst` on checked inputs (``drop``: ``None`` or dropping something);
     ``store``: ``dS`` (and with ``weights`` ``P``) stored even without a bias or edge
-    features, for :func:`src_serial`."""
+    features, for :func:`src_serial`; ``grad_lse`` ``[N, H]``: the gradient of ``lse``
+    (``None``: zero), folded into ``D_i`` (the second half of ``ld``)."""
     n, nh, cq = q.shape
     e = plan.num_edges
     nf = edge_attr.shape[-1] if edge_attr is not None else 0
@@ -199,6 +206,7 @@ def dst_pass(
     if e and nh:
         qq, kk, vv, go = _rows(q, dt), _rows(k, dt), _rows(v, dt), _rows(grad_out, dt)
         ll = _rows(lse, dt)
+        gl = _rows(grad_lse, dt) if grad_lse is not None else np.empty((0, nh), _np_dtype(dt))
         bb, sc = _bias(bias, dt, nh), _scalar(scale, dt)
         if dsp is not None:
             dd = dsp.numpy()
@@ -213,7 +221,7 @@ def dst_pass(
         dea_np = dea.numpy() if dea is not None else None
         deq_np = deq.numpy() if deq is not None else None
         w = plan.work
-        args = (qq, kk, vv, go, ll, bb, bias is not None, key, dscale, ea, eq, gg, nf)
+        args = (qq, kk, vv, go, ll, gl, bb, bias is not None, key, dscale, ea, eq, gg, nf)
         outs = (dq.numpy(), ld.numpy(), dd, deq_np, dea_np)
         _bwd_dst_kernel(*args, plan.ptr, plan.col, sc, w.bounds, w.limit, *outs)
         if w.pieces.shape[0]:
@@ -430,6 +438,7 @@ def attention_bwd(
     edge_query: Tensor | None = None,
     grad_edge_out: Tensor | None = None,
     need_dedge_attr: bool = True,
+    grad_lse: Tensor | None = None,
 ) -> tuple[Tensor | None, ...]:
     """Gradients of :func:`~gnnattn.kernels.cpu.attention_fwd` w.r.t. ``q``, ``k``, ``v``
     and ``bias`` (and ``edge_attr``, ``edge_query``).
@@ -474,6 +483,8 @@ def attention_bwd(
             ``edge_out`` (``None``: zero; ignored without ``edge_attr``).
         need_dedge_attr: ``False`` when ``edge_attr`` needs no gradient (raw
             features usually do not): ``dedge_attr`` is then not computed.
+        grad_lse: ``[N, H]`` the gradient of the forward's ``lse`` (``None``:
+            zero). ``d lse_i / d s_ij = alpha_ij``: it enters as ``D_i - grad_lse_i``.
 
     Returns:
         ``dq``, ``dk``, ``dv`` (typed like ``q``, ``k``, ``v``) and ``dbias``
@@ -511,6 +522,7 @@ def attention_bwd(
         grad_edge_out=grad_edge_out,
         weights=True,
         need_dedge_attr=need_dedge_attr,
+        grad_lse=grad_lse,
     )
     dq, ld, ds = dst[:3]
     dsp = dst[5]

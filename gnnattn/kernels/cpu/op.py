@@ -63,6 +63,7 @@ def attention_bwd_op(
     dropout: Dropout | None,
     scale: float,
     need_dedge_attr: bool,
+    grad_lse: Tensor | None = None,
 ) -> tuple[Tensor | None, ...]:
     """:func:`~.backward.attention_bwd` over a graph's ``layouts`` ``(ptr, col, plan,
     tptr, trow, tperm, csc_plan)`` (``plan`` made), unchecked; the results are new
@@ -105,6 +106,7 @@ def attention_bwd_op(
         True,
         need_dedge_attr,
         store=csc is None,
+        grad_lse=grad_lse,
     )
     dq, ld, ds, dea, deq, dsp = dst
     del dst

@@ -357,6 +357,7 @@ class _Edge(NamedTuple):
     grad_out: Tensor | None = None
     out: Tensor | None = None  # the forward's edge_out, for D_i
     need_dea: bool = True  # False: edge_attr needs no gradient, none is computed
+    grad_lse: Tensor | None = None  # the gradient of lse, [N, H] (None: zero)
 
 
 def _bwd(
@@ -413,6 +414,9 @@ def _bwd(
     delta = (grad_out.to(acc_t) * out.to(acc_t)).sum(-1)  # (N, H)
     if ge is not None and edge.out is not None:
         delta = delta + (ge.to(acc_t) * edge.out.to(acc_t)).sum(-1)
+    if edge.grad_lse is not None:
+        # d lse_i / d s_ij = alpha_ij: dS_ij = alpha_ij (dp_ij - D_i + glse_i).
+        delta = delta - edge.grad_lse.to(acc_t)
     delta = delta.contiguous()
     consts = dict(
         H=h,
@@ -557,12 +561,14 @@ def attention_bwd(
     edge_query: Tensor | None = None,
     grad_edge_out: Tensor | None = None,
     need_dedge_attr: bool = True,
+    grad_lse: Tensor | None = None,
     block_e: int | None = None,
     split_blocks: int | None = None,
     edge_out: Tensor | None = None,
 ) -> tuple[Tensor | None, ...]:
     """Gradients of :func:`.attention_fwd` w.r.t. ``q``, ``k``, ``v``, ``bias`` (and
-    ``edge_attr``, ``edge_query``).
+    ``edge_attr``, ``edge_query``); ``grad_lse`` ``[N, H]`` is the gradient of the
+    forward's ``lse`` (``None``: zero).
 
     Args:
         q: ``[N, H, C]``, as in the forward.
@@ -610,7 +616,11 @@ def attention_bwd(
     n, h, c = q.shape
     m, cv = k.shape[0], v.shape[2]
     e = col.numel()
-    named = (("grad_out", grad_out, (n, h, cv)), ("lse", lse, (n, h)))
+    named = (
+        ("grad_out", grad_out, (n, h, cv)),
+        ("lse", lse, (n, h)),
+        ("grad_lse", grad_lse, (n, h)),
+    )
     for name, t, shape in (*named, ("out", out, (n, h, cv))):
         if t is not None and (tuple(t.shape) != shape or t.device != q.device):
             raise ValueError(
@@ -639,7 +649,7 @@ def attention_bwd(
         fwd = _fwd(q, k, v, scale, bias, dropout, plan, block_e, edge_attr, edge_query)
         out = fwd[0] if out is None else out
         edge_out = fwd[2] if edge_out is None else edge_out
-    edge = _Edge(edge_attr, edge_query, grad_edge_out, edge_out, need_dedge_attr)
+    edge = _Edge(edge_attr, edge_query, grad_edge_out, edge_out, need_dedge_attr, grad_lse)
     return _bwd(
         q, k, v, out, lse, grad_out, scale, bias, dropout, plan, csc_plan, tperm, block_e, edge
     )
