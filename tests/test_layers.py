@@ -221,3 +221,5 @@ def test_repr_and_reset():
     layer.reset_parameters()
     assert not torch.equal(w, layer.lin_query.weight)
     assert repr(SimplifiedAttention()) == "SimplifiedAttention(scale=1)"
+    causal = SimplifiedAttention(0.5, causal=True)
+    assert repr(causal) == "SimplifiedAttention(scale=0.5, causal=True)"

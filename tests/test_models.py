@@ -152,6 +152,8 @@ def test_sequence_positions_and_sinusoids():
     assert sequence_positions(3).tolist() == [0, 1, 2]
     with pytest.raises(ValueError, match="sorted"):
         sequence_positions(3, torch.tensor([1, 0, 0]))
+    with pytest.raises(ValueError, match="'num_nodes' to be an int >= 0, got -1"):
+        sequence_positions(-1)
     pe = SinusoidalPositionalEncoding(8)
     out = pe(torch.zeros(6, 8), batch=batch)
     assert torch.equal(out[3], out[0]) and torch.equal(out[4], out[1])  # restarts per sequence

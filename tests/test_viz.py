@@ -145,6 +145,8 @@ def test_bad_input():
         viz.draw_attention(ei, alpha, top_k=0)
     with pytest.raises(ValueError, match="'edge_index'"):
         viz.attention_matrix(ei[:1], alpha)
+    with pytest.raises(ValueError, match="'edge_index' to hold node ids >= 0"):
+        viz.top_k_per_target(torch.tensor([[0, 1], [-1, 0]]), torch.ones(2), 1)
     for bad in (float("nan"), float("inf"), -0.5):
         with pytest.raises(ValueError, match="finite weights >= 0 in 'alpha'"):
             viz.draw_attention(ei, torch.cat([alpha[:1] * 0 + bad, alpha[1:]]))

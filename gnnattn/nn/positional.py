@@ -46,6 +46,7 @@ def sequence_positions(
         >>> sequence_positions(5, torch.tensor([0, 0, 0, 1, 1]))
         tensor([0, 1, 2, 0, 1])
     """
+    check_int(num_nodes, "num_nodes", min=0)
     if batch is None:
         return torch.arange(num_nodes, device=device)
     batch = check_batch(batch, num_nodes)

@@ -122,4 +122,5 @@ class SimplifiedAttention(MessagePassing):
         )
 
     def __repr__(self) -> str:
-        return f"{self.__class__.__name__}(scale={self.scale:g})"
+        causal = ", causal=True" if self.causal else ""
+        return f"{self.__class__.__name__}(scale={self.scale:g}{causal})"

@@ -275,6 +275,7 @@ def top_k_per_target(edge_index: Tensor, weights: Tensor, k: int) -> Tensor:
     check_int(k, "k", min=1)
     if edge_index.shape[1] == 0:
         return torch.zeros(0, dtype=torch.bool, device=edge_index.device)
+    check_edge_index(edge_index, int(edge_index.max()) + 1)  # integer ids, none negative
     w = weights.detach().reshape(weights.shape[0], -1).amax(dim=1).cpu()
     dst = edge_index[1].detach().long().cpu()
     # Heaviest first, then grouped by target (both sorts stable): the rank of
