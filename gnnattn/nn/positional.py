@@ -177,13 +177,15 @@ class LearnedPositionalEncoding(torch.nn.Module):
         """``x + P[pos]``; ``pos`` defaults to the positions within ``batch``'s sequences."""
         _check_x(x, self.embed_dim)
         p = _positions(x, pos, batch)
-        if not torch.compiler.is_compiling() and p.numel() and int(p.max()) >= self.max_len:
-            raise ValueError(
-                f"Expected positions below max_len={self.max_len}, got {int(p.max())}; build "
-                f"the encoding with a larger max_len"
-            )
-        if not torch.compiler.is_compiling() and p.numel() and int(p.min()) < 0:
-            raise ValueError(f"Expected positions >= 0 in 'pos', got {int(p.min())}")
+        if not torch.compiler.is_compiling() and p.numel():
+            lo, hi = (int(t) for t in p.aminmax())  # one pass, one host read
+            if hi >= self.max_len:
+                raise ValueError(
+                    f"Expected positions below max_len={self.max_len}, got {hi}; build "
+                    f"the encoding with a larger max_len"
+                )
+            if lo < 0:
+                raise ValueError(f"Expected positions >= 0 in 'pos', got {lo}")
         return x + self.embedding(p).to(x.dtype)
 
     def __repr__(self) -> str:
