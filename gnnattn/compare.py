@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -244,9 +245,9 @@ def compare(
     tokens: int = 12,
     embed_dim: int = 16,
     num_heads: int = 4,
-    dtypes: Sequence[str] = ("float32", "float16", "bfloat16"),
-    causal: Sequence[bool] = (False, True),
-    candidates: Sequence[str] | None = None,
+    dtypes: str | Sequence[str] = ("float32", "float16", "bfloat16"),
+    causal: bool | Sequence[bool] = (False, True),
+    candidates: str | Sequence[str] | None = None,
     reps: int = 3,
     seed: int = 0,
     device: torch.device | str = "cpu",
@@ -263,10 +264,11 @@ def compare(
         tokens (int, optional): :math:`T` when ``x`` is not given. (default: ``12``)
         embed_dim (int, optional): :math:`D` when ``layer`` is not given. (default: ``16``)
         num_heads (int, optional): :math:`H` when ``layer`` is not given. (default: ``4``)
-        dtypes (sequence of str, optional): among ``"float32"``, ``"float16"``,
-            ``"bfloat16"``. (default: all three)
-        causal (sequence of bool, optional): which maskings. (default: ``(False, True)``)
-        candidates (sequence of str, optional): among :data:`CANDIDATES`.
+        dtypes (str or sequence of str, optional): among ``"float32"``,
+            ``"float16"``, ``"bfloat16"``. (default: all three)
+        causal (bool or sequence of bool, optional): which maskings.
+            (default: ``(False, True)``)
+        candidates (str or sequence of str, optional): among :data:`CANDIDATES`.
             (default: :obj:`None`, all)
         reps (int, optional): forward calls timed per run. (default: ``3``)
         seed (int, optional): seed of the default layer, input and output
@@ -298,6 +300,12 @@ def compare(
     d = layer.embed_dim
     if x is None:
         x = torch.randn(tokens, d, generator=gen, dtype=torch.float64)
+    dtypes, causal = _one_or_many(dtypes, str, "dtypes"), _one_or_many(causal, bool, "causal")
+    if candidates is not None:
+        candidates = _one_or_many(candidates, str, "candidates")
+    for flag in causal:
+        if not isinstance(flag, bool):
+            raise TypeError(f"Expected 'causal' to hold bools, got {type(flag).__name__}")
     names = _checked_args(x, d, dtypes, candidates, reps)
 
     x64 = x.detach().to(device=device, dtype=torch.float64)
@@ -333,6 +341,19 @@ def _checked_layer(
             f"edge_dim={layer.edge_dim}"
         )
     return layer
+
+
+def _one_or_many(value: Any, kind: type, name: str) -> tuple[Any, ...]:
+    # A lone str is a sequence of its letters, and a bool no sequence at all:
+    # either one is taken as the one choice it names.
+    if isinstance(value, kind):
+        return (value,)
+    if not isinstance(value, Iterable):
+        raise TypeError(
+            f"Expected {name!r} to be a {kind.__name__} or a sequence of them, got "
+            f"{type(value).__name__}"
+        )
+    return tuple(value)
 
 
 def _checked_args(

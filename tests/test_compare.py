@@ -87,6 +87,16 @@ def test_bad_arguments():
         compare(SelfAttentionConv(8), torch.randn(3, 4))
     with pytest.raises(TypeError, match="'layer'"):
         compare(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="'causal' to hold bools, got str"):
+        compare(**FAST, causal="yes")
+    with pytest.raises(TypeError, match="'causal' to be a bool or a sequence"):
+        compare(**FAST, causal=1)
+
+
+def test_a_lone_choice_is_one_choice():
+    # Not the letters of "float32", nor an error that a bool is not iterable.
+    res = compare(**FAST, dtypes="float32", causal=True, candidates="mp")
+    assert [(r.candidate, r.dtype, r.causal) for r in res.rows] == [("mp", "float32", True)]
 
 
 @pytest.mark.parametrize("causal", [False, True])

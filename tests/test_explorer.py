@@ -161,7 +161,7 @@ def test_bad_input():
         explore((ei, alpha), tokens="a b c")
     nan = alpha.clone()
     nan[4, 1] = float("nan")
-    with pytest.raises(ValueError, match="finite weights in 'alpha'.*nan at edge 4"):
+    with pytest.raises(ValueError, match=r"'alpha' \(layer 0\), got \[.*nan\] at edge 4"):
         explore((ei, nan))
     with pytest.raises(ValueError, match="weights >= 0"):
         explore((ei, -alpha))

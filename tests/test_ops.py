@@ -196,6 +196,27 @@ def test_the_lse_is_differentiable_on_every_backend(backend, options):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
 
 
+def test_the_lse_of_an_all_masked_target_passes_zero_gradients():
+    """A target whose every score is -inf has lse -inf; a loss that masks it out gets
+    zero gradients from it on every backend, not mp's NaN (log(0)'s 0 / 0)."""
+    torch.manual_seed(8)
+    graph = AttentionGraph.complete(5)
+    leaves = [torch.randn(5, 2, 4, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    bias = torch.zeros(graph.num_edges, 2, dtype=torch.float64)
+    bias[graph.edge_index[1] == 2] = -math.inf
+    grads = {}
+    for name in ("mp", "fused", "tiles"):
+        res = attention(*leaves, graph, backend=name, return_lse=True, score_bias=bias)
+        assert torch.isneginf(res.lse[2]).all()
+        loss = res.out.sum() + res.lse.masked_fill(res.lse.isinf(), 0).sum()
+        grads[name] = torch.autograd.grad(loss, leaves)
+        assert all(g.isfinite().all() for g in grads[name]), name
+        assert (grads[name][0][2] == 0).all(), name
+    for name in ("fused", "tiles"):
+        for a, b in zip(grads[name], grads["mp"], strict=True):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
 @pytest.mark.parametrize("backend", ["mp", "fused", "tiles", "sdpa"])
 def test_zero_nodes_give_zero_gradients_on_every_backend(backend):
     q = torch.randn(0, 2, 4, requires_grad=True)

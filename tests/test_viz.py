@@ -72,6 +72,8 @@ def test_bertviz_format():
     ei, alpha = _weights(complete_graph(5))
     out = viz.to_bertviz([(ei, alpha), (ei, alpha)])
     assert len(out) == 2 and out[0].shape == (1, 2, 5, 5)
+    with pytest.raises(TypeError, match="wrap a single pair in a list"):
+        viz.to_bertviz((ei, alpha))
 
 
 def test_causal_drawing_is_a_dag():

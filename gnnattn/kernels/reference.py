@@ -129,7 +129,11 @@ def segment_logsumexp(src: Tensor, index: Tensor, n: int) -> Tensor:
     m = segment_max(src, index, n)
     m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
     s = segment_sum(torch.exp(src - m[index]), index, n)
-    return torch.where(s == 0, torch.full_like(s, float("-inf")), m + torch.log(s))
+    empty = s == 0
+    # log of 1, not of 0, where the result is -inf: where's backward sends those
+    # entries a zero gradient, and log's would make it 0 / 0 = NaN.
+    s = torch.where(empty, torch.ones_like(s), s)
+    return torch.where(empty, torch.full_like(s, float("-inf")), m + torch.log(s))
 
 
 def segment_softmax_fwd(src: Tensor, ptr: Tensor) -> Tensor:

@@ -49,6 +49,18 @@ def num_nodes_of(edge_index: Tensor, num_nodes: int | None, tokens: Any) -> int:
     return n
 
 
+def check_weights(alpha: Tensor, where: str = "") -> None:
+    """Raise unless every weight is finite and >= 0: a drawing or an explorer shows them as
+    widths, and NaN, inf or a negative weight would be hidden or drawn as a weight.
+    ``where`` follows ``'alpha'`` in the message (e.g. ``" (layer 2)"``)."""
+    bad = ~torch.isfinite(alpha) | (alpha < 0)
+    if bool(bad.any()):
+        e = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"Expected finite weights >= 0 in 'alpha'{where}, got {alpha[e].tolist()} at edge {e}"
+        )
+
+
 def check_attention(
     edge_index: Tensor, alpha: Tensor, num_nodes: int | None = None, tokens: Any = None
 ) -> tuple[Tensor, Tensor, int]:
@@ -234,6 +246,13 @@ def to_bertviz(
             f"Expected 'attentions' to be a list of (edge_index, alpha), got "
             f"{type(attentions).__name__}"
         )
+    for pair in attentions:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            # A lone (edge_index, alpha) is a tuple too: its items are tensors.
+            raise TypeError(
+                f"Expected 'attentions' to be a list of (edge_index, alpha) pairs (one per "
+                f"layer; wrap a single pair in a list), got an item of type {type(pair).__name__}"
+            )
     if num_nodes is None:
         sizes = [int(ei.max()) + 1 for ei, _ in attentions if ei.numel()]
         num_nodes = max(sizes, default=0)

@@ -33,6 +33,7 @@ from .convert import (
     attention_graph,
     attention_matrix,
     check_attention,
+    check_weights,
     filter_edges,
     head_weights,
     labels_of,
@@ -97,14 +98,7 @@ def _select(
     In a neighbourhood the labels are the tokens or the original node ids.
     """
     edge_index, alpha, n = check_attention(edge_index, alpha, num_nodes, tokens)
-    # A drawing shows weights as widths and labels: NaN, inf or negative ones would be
-    # hidden or drawn as if they were weights (explore() refuses them as well).
-    bad = ~torch.isfinite(alpha) | (alpha < 0)
-    if bool(bad.any()):
-        e = int(bad.nonzero()[0, 0])
-        raise ValueError(
-            f"Expected finite weights >= 0 in 'alpha', got {alpha[e].tolist()} at edge {e}"
-        )
+    check_weights(alpha)
     labels = labels_of(n, tokens)
     if around is None:
         return edge_index, alpha, labels

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..checks import check_int
-from .convert import check_attention
+from .convert import check_attention, check_weights
 from .layout import LAYOUTS
 from .text import check_labels, check_str
 
@@ -57,19 +57,7 @@ def as_scores(scores: Any, count: int) -> list[Tensor | None]:
 
 
 def check_values(alpha: Tensor, scores: Tensor | None, layer: int) -> None:
-    bad = ~torch.isfinite(alpha)
-    if bool(bad.any()):
-        e = int(bad.nonzero()[0, 0])
-        raise ValueError(
-            f"Expected finite weights in 'alpha' (layer {layer}), got {float(alpha[e].max())} "
-            f"at edge {e}"
-        )
-    if bool((alpha < 0).any()):
-        e = int((alpha < 0).nonzero()[0, 0])
-        raise ValueError(
-            f"Expected weights >= 0 in 'alpha' (layer {layer}), got {float(alpha[e].min())} "
-            f"at edge {e}"
-        )
+    check_weights(alpha, f" (layer {layer})")
     if scores is not None:
         if scores.shape != alpha.shape:
             raise ValueError(
