@@ -155,6 +155,25 @@ def test_triton_segment_softmax_grad_equals_autograd_of_reference() -> None:
     torch.testing.assert_close(dx, xr.grad, **TOL[torch.float64])
 
 
+def test_triton_segment_softmax_wider_than_a_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over 65535 blocks of 16 columns (CUDA's grid y) no kernel launches: the torch
+    reference takes them, forward and backward, with the kernel's results."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a launch with grid y over 65535")
+
+    wide = 65535 * 16 + 1
+    x = torch.randn(3, wide, device=DEV)
+    ptr = _ptr([2, 1])
+    g = torch.randn(3, wide, device=DEV)
+    for name in ("_softmax_fwd_chunk", "_softmax_bwd_chunk"):
+        monkeypatch.setattr(ts, name, refuse)
+    y = ts.segment_softmax_fwd(x, ptr)
+    _close(y, ref.segment_softmax_fwd(x, ptr), torch.float32)
+    _close(ts.segment_softmax_bwd(y, g, ptr), ref.segment_softmax_bwd(y, g, ptr), torch.float32)
+    assert not ts._too_wide(wide - 1)  # the widest a launch takes runs the kernels
+
+
 def test_triton_segment_softmax_one_segment_holding_everything() -> None:
     # 700 rows in 16-row chunks of 2 blocks: 22 chunks, so the partials are
     # combined in two blocks of BLOCK_P = 16.

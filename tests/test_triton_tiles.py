@@ -176,19 +176,30 @@ _COMPILE = textwrap.dedent(
         return sig
 
     target = GPUTarget("cuda", 90, 32)
+
+    def compile(fn, dt, acc_name, consts):
+        src = ASTSource(fn=fn, signature=signature(fn, dt, acc_name, consts), constexprs=consts)
+        compiled = triton.compile(src, target=target)
+        assert "cubin" in compiled.asm, fn
+        return compiled.asm["ptx"]
+
     count = 0
-    for dt, acc_name, acc in (("fp32", "fp32", tl.float32), ("bf16", "fp32", tl.float32),
-                              ("fp16", "fp32", tl.float32), ("fp64", "fp64", tl.float64)):
-        base = dict(C=64, CV=64, ACC=acc, BLOCK_R=64, BLOCK_K=64, BLOCK_C=64, BLOCK_CV=64)
+    for dt, acc_name, acc, prec in (("fp32", "fp32", tl.float32, "ieee"),
+                                    ("bf16", "fp32", tl.float32, "tf32"),
+                                    ("fp16", "fp32", tl.float32, "tf32"),
+                                    ("fp64", "fp64", tl.float64, "tf32")):
+        base = dict(C=64, CV=64, ACC=acc, PREC=prec, BLOCK_R=64, BLOCK_K=64, BLOCK_C=64,
+                    BLOCK_CV=64)
         for flags in (dict(HAS_MASK=True, HAS_BIAS=True, HAS_FAC=True),
                       dict(HAS_MASK=False, HAS_BIAS=False, HAS_FAC=False)):
             for fn, extra in ((tt._tile_fwd, {}), (tt._tile_bwd, dict(STORE_DS=flags["HAS_BIAS"]))):
-                consts = dict(base, **flags, **extra)
-                src = ASTSource(fn=fn, signature=signature(fn, dt, acc_name, consts),
-                                constexprs=consts)
-                compiled = triton.compile(src, target=target)
-                assert "cubin" in compiled.asm, fn
+                ptx = compile(fn, dt, acc_name, dict(base, **flags, **extra))
+                # float32 products stay float32 (TF32 rounds them to 10 mantissa bits).
+                assert dt != "fp32" or "tf32" not in ptx, fn
                 count += 1
+    # What that check tells apart: the same kernel allowed TF32 multiplies in it.
+    tf32 = dict(base, **flags, ACC=tl.float32, PREC="tf32")
+    assert "tf32" in compile(tt._tile_fwd, "fp32", "fp32", tf32)
     print("compiled", count)
     """
 )
@@ -238,3 +249,17 @@ def test_triton_tiles_cuda_backend_equals_mp() -> None:
         outs.append((out, *torch.autograd.grad(out.square().sum(), (q, k, v, bias))))
     for x, y in zip(*outs, strict=True):
         torch.testing.assert_close(x, y, **TOL[torch.float64])
+
+
+def test_triton_tiles_float32_products_follow_torchs_tf32_switch() -> None:
+    from gnnattn.kernels.triton_tiles import _precision
+
+    allowed = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert _precision(torch.float32) == "ieee"
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert _precision(torch.float32) == "tf32"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allowed
+    assert _precision(torch.bfloat16) == "tf32"  # not read: the product is bf16's

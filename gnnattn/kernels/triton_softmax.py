@@ -93,6 +93,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from . import reference
 from .chunks import ChunkPlan, TritonPlan, acc_tl, chunk_plan, chunk_range
 from .common import acc_dtype, check_ptr
 
@@ -449,6 +450,17 @@ def _check(src: Tensor, ptr: Tensor, name: str, plan: TritonPlan | None) -> None
         )
 
 
+#: The most head blocks a launch takes: CUDA's grid y is at most 65535, and a block holds
+#: at most 16 heads (:func:`_blocks`).
+_MAX_HEAD_BLOCKS = 65535
+
+
+def _too_wide(h: int) -> bool:
+    """Whether ``h`` columns (over a million: a softmax along a short dim of a wide
+    tensor) need more head blocks than a launch has; those take the torch reference."""
+    return triton.cdiv(h, 16) > _MAX_HEAD_BLOCKS
+
+
 def _as_2d(t: Tensor) -> Tensor:
     return t.reshape(t.shape[0], math.prod(t.shape[1:])).contiguous()
 
@@ -504,6 +516,9 @@ def segment_softmax_fwd(
     y = torch.empty_like(x)
     if e == 0 or h == 0 or n <= 0:
         return y.view_as(src)
+    if _too_wide(h):
+        acc = acc_dtype(x.dtype)
+        return reference.segment_softmax_fwd(x.to(acc), ptr).to(x.dtype).view_as(src)
     blk, ptr, chunks = _work(ptr, e, h, plan, block_e, split_blocks)
     acc_t = acc_dtype(x.dtype)
     part_m = torch.empty((chunks.split_grid, h), dtype=acc_t, device=x.device)
@@ -595,6 +610,10 @@ def segment_softmax_bwd(
     dx = torch.empty_like(yy)
     if e == 0 or h == 0 or n <= 0:
         return dx.view_as(y)
+    if _too_wide(h):
+        acc = acc_dtype(yy.dtype)
+        dx = reference.segment_softmax_bwd(yy.to(acc), gg.to(acc), ptr)
+        return dx.to(yy.dtype).view_as(y)
     blk, ptr, chunks = _work(ptr, e, h, plan, block_e, split_blocks)
     part_d = torch.empty((chunks.split_grid, h), dtype=acc_dtype(yy.dtype), device=yy.device)
     heads = triton.cdiv(h, blk.block_h)

@@ -23,7 +23,9 @@ needs a gradient.
 Like the reference it takes finite ``q``, ``k``, ``v`` (the operator sends
 other inputs to the CSR kernels); a NaN or ``+inf`` bias makes its row NaN,
 and the empty slots are zeroed after the exponential. Half-precision inputs
-multiply in their dtype with float32 accumulation; float64 stays float64.
+multiply in their dtype with float32 accumulation; float32 in IEEE float32 (TF32
+only where ``torch.backends.cuda.matmul.allow_tf32`` allows it); float64 stays
+float64.
 Tested under ``TRITON_INTERPRET=1`` against the reference and compiled for
 sm_90 (``tests/test_triton_tiles.py``).
 """
@@ -64,6 +66,7 @@ def _scores(
     K,
     C: tl.constexpr,
     ACC: tl.constexpr,
+    PREC: tl.constexpr,
     BLOCK_K: tl.constexpr,
     HAS_MASK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -77,7 +80,7 @@ def _scores(
     cols = tl.load(cols_ptr + w * K + kk, mask=kmask, other=0)
     km = (c[:, None] < C) & kmask[None, :]
     kt = tl.load(k_ptr + (h * M + cols)[None, :] * C + c[:, None], mask=km, other=0.0)
-    s = tl.dot(q, kt, out_dtype=ACC)  # (BLOCK_R, BLOCK_K)
+    s = tl.dot(q, kt, input_precision=PREC, out_dtype=ACC)  # (BLOCK_R, BLOCK_K)
     smask = rmask[:, None] & kmask[None, :]
     slot = (w * R + r)[:, None] * K + kk[None, :]
     if HAS_BIAS:
@@ -107,6 +110,7 @@ def _tile_fwd(
     C: tl.constexpr,
     CV: tl.constexpr,
     ACC: tl.constexpr,
+    PREC: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -150,6 +154,7 @@ def _tile_fwd(
             K,
             C,
             ACC,
+            PREC,
             BLOCK_K,
             HAS_MASK,
             HAS_BIAS,
@@ -165,7 +170,7 @@ def _tile_fwd(
             p = p * tl.load(fac_ptr + h * n * R * K + slot, mask=smask, other=0.0).to(ACC)
         vm = kmask[:, None] & (cv[None, :] < CV)
         vb = tl.load(v_ptr + (h * M + cols)[:, None] * CV + cv[None, :], mask=vm, other=0.0)
-        acc = acc * corr[:, None] + tl.dot(p.to(vb.dtype), vb, out_dtype=ACC)
+        acc = acc * corr[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PREC, out_dtype=ACC)
         m_i = m_new
     denom = tl.where(l_i == 0.0, 1.0, l_i)
     lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log(denom))
@@ -201,6 +206,7 @@ def _tile_bwd(
     C: tl.constexpr,
     CV: tl.constexpr,
     ACC: tl.constexpr,
+    PREC: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -252,6 +258,7 @@ def _tile_bwd(
             K,
             C,
             ACC,
+            PREC,
             BLOCK_K,
             HAS_MASK,
             HAS_BIAS,
@@ -259,7 +266,7 @@ def _tile_bwd(
         vm = kmask[:, None] & (cv[None, :] < CV)
         vb = tl.load(v_ptr + (h * M + cols)[:, None] * CV + cv[None, :], mask=vm, other=0.0)
         p = tl.where(empty, 0.0, tl.exp(s - lse[:, None]))  # (BLOCK_R, BLOCK_K)
-        dp = tl.dot(do, tl.trans(vb), out_dtype=ACC)
+        dp = tl.dot(do, tl.trans(vb), input_precision=PREC, out_dtype=ACC)
         pf = p
         if HAS_FAC:
             f = tl.load(fac_ptr + h * n * R * K + slot, mask=smask, other=0.0).to(ACC)
@@ -268,13 +275,17 @@ def _tile_bwd(
         ds = tl.where(empty, 0.0, p * (dp - d[:, None]))
         if STORE_DS:
             tl.store(ds_ptr + h * n * R * K + slot, ds.to(ds_ptr.dtype.element_ty), mask=smask)
-        dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), out_dtype=ACC)
+        dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PREC, out_dtype=ACC)
         kbase = h * n * K + w * K + k0 + tl.arange(0, BLOCK_K)
-        dkb = tl.dot(tl.trans(ds).to(q.dtype), q, out_dtype=ACC)  # (BLOCK_K, BLOCK_C)
+        dkb = tl.dot(
+            tl.trans(ds).to(q.dtype), q, input_precision=PREC, out_dtype=ACC
+        )  # (BLOCK_K, C)
         dkm = kmask[:, None] & (c[None, :] < C)
         dk_at = dk_ptr + kbase[:, None] * C + c[None, :]
         tl.store(dk_at, dkb.to(dk_ptr.dtype.element_ty), mask=dkm)
-        dvb = tl.dot(tl.trans(pf).to(do.dtype), do, out_dtype=ACC)  # (BLOCK_K, BLOCK_CV)
+        dvb = tl.dot(
+            tl.trans(pf).to(do.dtype), do, input_precision=PREC, out_dtype=ACC
+        )  # (BLOCK_K, CV)
         dv_at = dv_ptr + kbase[:, None] * CV + cv[None, :]
         tl.store(dv_at, dvb.to(dv_ptr.dtype.element_ty), mask=vm)
     base = h * n * R + w * R + r
@@ -287,6 +298,17 @@ def _pow2(x: int, least: int = 16) -> int:
 
 def _acc(dtype: torch.dtype) -> tl.dtype:
     return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input precision: float32 products in IEEE float32 unless the user
+    allowed TF32 for float32 matmuls (``torch.backends.cuda.matmul.allow_tf32``), as
+    torch's matmul and Inductor's kernels do. Triton's own default is TF32, whose
+    10-bit mantissas give errors of 1e-3 on unit-scale scores. The half types and
+    float64 do not read it."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
 
 
 def _slots(ch: TileChunk) -> int:
@@ -361,6 +383,7 @@ def _forward(
                 C=c,
                 CV=cv,
                 ACC=_acc(q.dtype),
+                PREC=_precision(q.dtype),
                 HAS_MASK=mask is not None,
                 HAS_BIAS=bs is not None,
                 HAS_FAC=fs is not None,
@@ -432,6 +455,7 @@ def _backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Tens
                 C=c,
                 CV=cv,
                 ACC=_acc(q.dtype),
+                PREC=_precision(q.dtype),
                 HAS_MASK=mask is not None,
                 HAS_BIAS=bs is not None,
                 HAS_FAC=fs is not None,
