@@ -267,6 +267,8 @@ def test_opcheck_attention_on_the_triton_kernels(name: str, monkeypatch) -> None
     monkeypatch.setattr(kernels, "get", lambda device: triton_ops)
     args = _attention_args(name, "edge+dropout+bias", True, torch.float64)
     n, e = args[3].numel() - 1, args[4].numel()
-    # Triton's plan (chunk tables), not the CPU kernels' (chunks and hub pieces).
-    assert args[5].numel() == 3 * n + 2 + 4 * (e // chunks.DEFAULT_CHUNK)
+    # Triton's plan (chunk tables, each padded to an even length), not the CPU
+    # kernels' (chunks and hub pieces).
+    grid, split = n + e // chunks.DEFAULT_CHUNK, 2 * (e // chunks.DEFAULT_CHUNK) + 1
+    assert args[5].numel() == sum(x + x % 2 for x in (n + 1, grid, split, grid))
     torch.library.opcheck(torch.ops.gnnattn.attention_fwd.default, args)

@@ -941,3 +941,21 @@ def test_triton_cuda_attention_options_large(dtype: torch.dtype) -> None:
     _close_grads(
         grads, want, dtype, **(dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else {})
     )
+
+
+def test_plan_tables_are_16_byte_aligned_whatever_the_graph_size() -> None:
+    """The packed plan's views start at multiples of 16 bytes for every parity of N and
+    E // CHUNK: Triton keys a compiled kernel on its pointers' 16-byte alignment, so
+    otherwise each graph size could compile the kernels anew."""
+    from gnnattn.kernels.chunks import DEFAULT_CHUNK, plan_from_tensors, plan_tensors
+
+    for n in (5, 6):
+        for e in (3 * DEFAULT_CHUNK, 4 * DEFAULT_CHUNK + 1):
+            ptr = torch.linspace(0, e, n + 1).long()
+            col = torch.zeros(e, dtype=torch.long)
+            got = plan_from_tensors(ptr, col, 1, plan_tensors(ptr, col, 1)).chunks
+            want = chunk_plan(ptr, e, DEFAULT_CHUNK, 1)
+            for name in ("chunk_ptr", "chunk_seg", "split", "rank"):
+                t = getattr(got, name)
+                assert t.data_ptr() % 16 == 0, (n, e, name)
+                assert torch.equal(t, getattr(want, name)), (n, e, name)

@@ -212,14 +212,16 @@ def plan_tensors(
     """:func:`plan` as the operators take it: the chunk tables ``chunk_ptr``,
     ``chunk_seg``, ``split`` and ``rank`` in one int64 tensor, at
     :data:`DEFAULT_CHUNK` (their lengths follow from ``N`` and ``E``, so the
-    device is never read for them). The indices are checked (a host read) unless
-    ``check=False``, for indices known to be valid."""
+    device is never read for them), each padded to an even length. The indices
+    are checked (a host read) unless ``check=False``, for indices known to be
+    valid."""
     if check:
         ch = plan(ptr, col, num_cols, perm=perm).chunks
     else:
         ch = chunk_plan(ptr.contiguous(), col.numel(), DEFAULT_CHUNK)
         check_grid(ch.grid)
-    return torch.cat([ch.chunk_ptr, ch.chunk_seg, ch.split, ch.rank])
+    tables = [ch.chunk_ptr, ch.chunk_seg, ch.split, ch.rank]
+    return torch.cat([torch.nn.functional.pad(t, (0, t.numel() & 1)) for t in tables])
 
 
 def plan_from_tensors(
@@ -229,7 +231,12 @@ def plan_from_tensors(
     the host)."""
     n, e = ptr.numel() - 1, col.numel()
     grid, split_grid = n + e // DEFAULT_CHUNK, 2 * (e // DEFAULT_CHUNK) + 1
-    chunk_ptr, chunk_seg, split, rank = packed.split([n + 1, grid, split_grid, grid])
+    sizes = [n + 1, grid, split_grid, grid]
+    # Each table starts at a multiple of 16 bytes: Triton keys its compiled kernels on
+    # their pointers' 16-byte alignment, which would otherwise follow the parity of N
+    # and E and compile each kernel up to four times as graphs change.
+    padded = packed.split([x + (x & 1) for x in sizes])
+    chunk_ptr, chunk_seg, split, rank = (t[:x] for t, x in zip(padded, sizes, strict=True))
     chunks = ChunkPlan(chunk_ptr, chunk_seg, grid, split, rank, split_grid)
     return TritonPlan(ptr.contiguous(), col.contiguous(), int(num_cols), DEFAULT_CHUNK, chunks)
 

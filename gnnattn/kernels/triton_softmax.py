@@ -99,10 +99,14 @@ from .common import acc_dtype, check_ptr
 
 __all__ = ["segment_softmax_bwd", "segment_softmax_fwd"]
 
+# The graph's sizes: Triton would specialise on a value of 1 or a multiple of 16,
+# compiling the kernels anew as graphs change.
+_NO_SPECIALISE = ["n_seg", "n_slots"]
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NO_SPECIALISE)
 def _softmax_fwd_chunk(
     x_ptr,  # [E, H] input scores
     y_ptr,  # [E, H] output weights (input dtype)
@@ -175,7 +179,7 @@ def _softmax_fwd_chunk(
                     b += BLOCK_E
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_slots"])
 def _softmax_combine(
     split_ptr,  # [S] int64: slots of split chunks, then the sentinel G
     chunk_ptr_ptr,
@@ -230,7 +234,7 @@ def _softmax_combine(
                 tl.store(part_a_ptr + r0 * H + heads, a, mask=hmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NO_SPECIALISE)
 def _softmax_fwd_split(
     x_ptr,
     y_ptr,
@@ -272,7 +276,7 @@ def _softmax_fwd_split(
             b += BLOCK_E
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NO_SPECIALISE)
 def _softmax_bwd_chunk(
     y_ptr,  # [E, H] forward output
     g_ptr,  # [E, H] incoming gradient
@@ -334,7 +338,7 @@ def _softmax_bwd_chunk(
                     b += BLOCK_E
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NO_SPECIALISE)
 def _softmax_bwd_split(
     y_ptr,
     g_ptr,

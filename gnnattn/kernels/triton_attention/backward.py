@@ -314,7 +314,7 @@ def _attn_bwd_dkdv(
             tl.store(dv_ptr + j * (H * CV) + hcv, dv.to(dv_ptr.dtype.element_ty), mask=vmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_slots"])  # a graph size (as _NO_SPECIALISE)
 def _sum_split_rows(
     split_ptr,
     chunk_ptr_ptr,

@@ -244,7 +244,7 @@ def _attn_fwd(
                 tl.store(eo_ptr + i * (H * F) + hf, eo, mask=fmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_slots"])  # a graph size (as _NO_SPECIALISE)
 def _attn_fwd_combine(
     split_ptr,  # [S] int64: slots of split chunks, then the sentinel G
     chunk_ptr_ptr,
