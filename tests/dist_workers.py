@@ -207,3 +207,42 @@ def _sequence(group: Any) -> dict[str, float]:
         "targets": own.numel(),
         "halo": 1,
     }
+
+
+def training_helpers() -> dict[str, Any]:
+    """all_reduce_gradients and broadcast_parameters on 3 ranks, and a one-part partition
+    used in that world."""
+    from gnnattn import SelfAttentionConv
+    from gnnattn.distributed import broadcast_parameters
+
+    rank = dist.get_rank()
+    res: dict[str, Any] = {}
+    # Mixed precision, an unused parameter and a held reference to a gradient.
+    torch.manual_seed(0)
+    low = torch.nn.Linear(3, 3).bfloat16()
+    model = torch.nn.ModuleDict({"low": low, "full": torch.nn.Linear(3, 3)})
+    model["unused"] = torch.nn.Linear(3, 3)
+    x = torch.full((2, 3), float(rank + 1)).bfloat16()
+    model["full"](model["low"](x).float()).sum().backward()
+    held = model["full"].bias.grad
+    all_reduce_gradients(model)
+    res["dtypes"] = [str(p.grad.dtype) for p in model["low"].parameters()]
+    res["unused_grad_is_none"] = model["unused"].weight.grad is None
+    res["in_place"] = held is model["full"].bias.grad
+    res["bias_grad"] = model["full"].bias.grad.tolist()  # 2 rows per rank, 3 ranks: 6
+    # broadcast_parameters' src is a rank within its group: here global rank 1.
+    group = dist.new_group([1, 2])
+    lin = torch.nn.Linear(2, 2)
+    torch.nn.init.constant_(lin.weight, float(rank))
+    if rank in (1, 2):
+        broadcast_parameters(lin, src=0, group=group)
+    res["weight"] = lin.weight.flatten().tolist()
+    # A one-part partition needs no exchange, whatever the world size.
+    g = torch.Generator().manual_seed(3)
+    graph = AttentionGraph(torch.randint(0, 12, (2, 40), generator=g), 12)
+    torch.manual_seed(0)
+    conv = SelfAttentionConv(8, 2)
+    xs = torch.randn(12, 8, generator=g)
+    part = partition(graph, 1).part(0)
+    res["one_part"] = (conv(part.shard(xs), part) - conv(xs, graph)).abs().max().item()
+    return res

@@ -12,7 +12,7 @@ import torch
 from ranks import run_ranks
 
 import gnnattn
-from gnnattn import AttentionGraph, SelfAttentionConv
+from gnnattn import AttentionGraph, SelfAttentionConv, complete_graph
 from gnnattn.distributed import GraphPart, Partition, partition
 
 # float64 throughout: the parts compute every target's softmax exactly as one
@@ -83,6 +83,20 @@ def test_bytes_sent_are_the_halo_rows_times_the_row_size() -> None:
         assert r["forward"] == r["sent_rows"] * r["row_bytes"] > 0
         assert r["backward"] == r["halo_rows"] * r["row_bytes"] > 0
     assert sum(r["sent_rows"] for r in ranks) == sum(r["halo_rows"] for r in ranks)
+
+
+def test_training_helpers_on_three_ranks() -> None:
+    """all_reduce_gradients keeps each gradient's dtype, leaves an unused parameter's
+    grad None (no rank gave one: an optimizer skips it, as in one process) and sums in
+    place; broadcast_parameters takes src within its group; a one-part partition runs
+    in a larger world."""
+    ranks = run_ranks("dist_workers:training_helpers", 3, timeout=240)
+    for rank, r in enumerate(ranks):
+        assert r["dtypes"] == ["torch.bfloat16", "torch.bfloat16"]
+        assert r["unused_grad_is_none"] and r["in_place"]
+        assert r["bias_grad"] == [6.0, 6.0, 6.0]
+        assert r["weight"] == [float(rank if rank == 0 else 1)] * 4
+        assert r["one_part"] < 1e-6
 
 
 # ------------------------------------------------------------ in this process
@@ -246,3 +260,29 @@ def test_wrong_inputs_to_a_part_name_what_was_expected() -> None:
         partition(_random_graph(20, 60), 2).part(2)
     with pytest.raises(ValueError, match="'owner'"):
         Partition(_random_graph(20, 60), torch.zeros(19, dtype=torch.int64), 2)
+    with pytest.raises(TypeError, match="'owner' of an integer dtype"):
+        Partition(_random_graph(20, 60), torch.full((20,), 0.9), 2)
+    with pytest.raises(TypeError, match="'owner' to be a Tensor"):
+        Partition(_random_graph(20, 60), [0] * 20, 2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'num_parts'"):
+        Partition(_random_graph(20, 60), torch.zeros(20, dtype=torch.int64), 0)
+    with pytest.raises(TypeError, match="'seed'"):
+        partition(_random_graph(20, 60), 2, seed=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no 'sdpa'|'sdpa' does not take"):
+        conv(torch.randn(20, 8), part, backend="sdpa")
+
+
+def test_shard_takes_the_whole_graphs_rows_only() -> None:
+    """A part's shard methods refuse tensors of another row count (a plain index would
+    take too many rows silently, or give an IndexError on too few)."""
+    full = AttentionGraph(complete_graph(6))
+    part = partition(full, 2, causal=True, method="contiguous").part(1)
+    with pytest.raises(ValueError, match=r"'x' of shape \[6, ...\]"):
+        part.shard(torch.randn(7, 4))
+    with pytest.raises(ValueError, match=r"'x_src' of shape \[6, ...\]"):
+        part.shard_src(torch.randn(5, 4))
+    # Per-edge rows follow the edges as given (36), not the 21 kept by causal pruning.
+    with pytest.raises(ValueError, match=r"'edge_attr' of shape \[36, ...\]"):
+        part.shard_edges(torch.randn(21, 2))
+    ea = torch.randn(36, 2)
+    assert torch.equal(part.shard_edges(ea), ea[part.edge_ids.long()])

@@ -52,8 +52,10 @@ def _all_to_all(
     group: Any,
     async_op: bool,
 ) -> Any:
-    if sum(out_counts) == 0 and sum(in_counts) == 0 and group_rank(group)[1] == 1:
-        return None  # one process: nothing to exchange, and no process group needed
+    if len(out_counts) == 1:
+        # A one-part partition: no other part to exchange with, and no process group
+        # needed (whatever the world torch.distributed runs in).
+        return None
     return dist.all_to_all_single(out, inp, out_counts, in_counts, group=group, async_op=async_op)
 
 

@@ -16,8 +16,9 @@ calls :meth:`GraphPart.attention`, which
    rows.
 
 Both attentions are the unchanged :func:`gnnattn.attention`, so every
-backend and option runs as in one process, and every target's numbers are
-those of the single-process run. In the backward, the halo rows' gradients
+backend but ``"sdpa"`` (the local graphs are bipartite) and every option runs
+as in one process, and every target's numbers are those of the
+single-process run. In the backward, the halo rows' gradients
 go back to their owners in one ``all_to_all_single`` and are added there with
 ``index_add``.
 """
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..checks import check_tensor
 from ..graphs import AttentionGraph
 from ..graphs.csr import CSR, segment_ids
 from ..kernels.common import check_index, check_ptr
@@ -179,11 +181,15 @@ class GraphPart:
         num_src: int,
         bipartite: bool,
         causal: bool,
+        num_graph_edges: int | None = None,
         group: Any = None,
     ) -> None:
         self._layout = layout
         self.rank, self.world_size = rank, world_size
         self.num_nodes, self.num_src = num_nodes, num_src
+        # The whole graph's edge count, which shard_edges checks (None: a file saved
+        # before parts kept it).
+        self.num_graph_edges = num_graph_edges
         self.is_bipartite, self.causal = bipartite, causal
         self.group = group
         self.traffic = {"forward": 0, "backward": 0}
@@ -230,6 +236,7 @@ class GraphPart:
             num_src=graph.num_src,
             bipartite=graph.is_bipartite,
             causal=graph.is_causal,
+            num_graph_edges=graph.num_input_edges,
             group=group,
         )
 
@@ -272,14 +279,19 @@ class GraphPart:
 
     def shard(self, x: Tensor) -> Tensor:
         """This rank's rows of a full ``[N, ...]`` target tensor (``x[targets]``)."""
+        _check_rows(x, "x", self.num_nodes, "the whole graph's targets")
         return x[self.targets.to(x.device)]
 
     def shard_src(self, x_src: Tensor) -> Tensor:
         """This rank's rows of a full ``[M, ...]`` source tensor (``x_src[sources]``)."""
+        _check_rows(x_src, "x_src", self.num_src, "the whole graph's sources")
         return x_src[self.sources.to(x_src.device)]
 
     def shard_edges(self, edge_attr: Tensor) -> Tensor:
-        """This rank's rows of full per-edge features, in the local edge order."""
+        """This rank's rows of full per-edge features ``[|E|, ...]``, one row per edge as
+        given to :func:`~gnnattn.distributed.partition` (before causal pruning), in the
+        local edge order."""
+        _check_rows(edge_attr, "edge_attr", self.num_graph_edges, "the edges as given")
         return edge_attr[self.edge_ids.to(edge_attr.device)]
 
     @property
@@ -323,6 +335,11 @@ class GraphPart:
         its own mask on each rank (the same distribution as in one process,
         not the same bits).
         """
+        if backend == "sdpa":
+            raise ValueError(
+                "Expected backend in ('auto', 'mp', 'fused', 'tiles') on a GraphPart (its local "
+                "graphs are bipartite, which 'sdpa' does not take), got 'sdpa'"
+            )
         self._check(q, k, v)
         n_r, m_r, ni = self.num_targets, k.shape[0], self.num_interior
         h, c, cv = q.shape[1], q.shape[2], v.shape[2]
@@ -410,6 +427,7 @@ class GraphPart:
             num_src=self.num_src,
             bipartite=self.is_bipartite,
             causal=self.causal,
+            num_graph_edges=self.num_graph_edges,
         )
 
     # ------------------------------------------------------------ files
@@ -440,6 +458,16 @@ class GraphPart:
             f"GraphPart(rank={self.rank}, world_size={self.world_size}, "
             f"num_targets={self.num_targets}, num_halo={self.halo.numel()}, "
             f"num_edges={self.num_edges})"
+        )
+
+
+def _check_rows(t: Tensor, name: str, rows: int | None, what: str) -> None:
+    """Raise unless ``t`` is a tensor of ``rows`` rows (``None``: of any)."""
+    check_tensor(t, name)
+    if t.dim() == 0 or (rows is not None and t.shape[0] != rows):
+        raise ValueError(
+            f"Expected '{name}' of shape [{rows if rows is not None else 'E'}, ...] ({what}), "
+            f"got {list(t.shape)}"
         )
 
 

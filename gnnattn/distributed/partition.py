@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..checks import check_int
+from ..checks import check_int, check_tensor
 from ..graphs import AttentionGraph
 from .part import GraphPart
 
@@ -119,6 +119,10 @@ class Partition:
     def __init__(
         self, graph: AttentionGraph, owner: Tensor, num_parts: int, method: str = "given"
     ) -> None:
+        check_int(num_parts, "num_parts", min=1)
+        check_tensor(owner, "owner")
+        if owner.is_floating_point() or owner.is_complex() or owner.dtype == torch.bool:
+            raise TypeError(f"Expected 'owner' of an integer dtype (ranks), got {owner.dtype}")
         if owner.shape != (graph.num_dst,):
             raise ValueError(
                 f"Expected 'owner' of shape [{graph.num_dst}] (one rank per target), "
@@ -227,9 +231,9 @@ def partition(
         >>> p.part(1)
         GraphPart(rank=1, world_size=2, num_targets=2, num_halo=4, num_edges=11)
     """
-    check_int(num_parts, "num_parts")
-    if num_parts < 1:
-        raise ValueError(f"Expected 'num_parts' >= 1, got {num_parts}")
+    check_int(num_parts, "num_parts", min=1)
+    # Any int, negative ones too (METIS and torch's generator both take them).
+    check_int(seed, "seed", min=-(2**63))
     if method not in METHODS:
         raise ValueError(f"Expected 'method' to be one of {METHODS}, got {method!r}")
     if not isinstance(graph, AttentionGraph):

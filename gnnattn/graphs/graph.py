@@ -584,6 +584,14 @@ class AttentionGraph:
         given ``edge_index``; ``None`` when every given edge was kept."""
         return self._input_edges
 
+    @property
+    def num_input_edges(self) -> int:
+        """How many edges :attr:`input_edges` indexes: the given ones for a graph pruned
+        with ``causal=True``, else :attr:`num_edges`."""
+        if self._input_edges is not None and self._num_input_edges is not None:
+            return self._num_input_edges
+        return self.num_edges
+
     # ------------------------------------------------------------ views
 
     def _prune_causal(self) -> None:
