@@ -92,6 +92,8 @@ def _command(run: dict[str, Any], suite: str) -> str:
         cmd.append("--quick")
     if cfg.get("threads", 2) != 2:
         cmd += ["--threads", str(cfg["threads"])]
+    if cfg.get("reps") is not None:
+        cmd += ["--reps", str(cfg["reps"])]
     if not cfg.get("memory", True):
         cmd.append("--no-memory")
     return " ".join(cmd)

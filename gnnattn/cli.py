@@ -124,6 +124,13 @@ def _out_file(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"expected a file in an existing folder, got {text!r} ({parent!r} is not a folder)"
         )
+    # An existing file must be writable; a new one needs a folder it can be made in.
+    if os.path.exists(text) and not os.access(text, os.W_OK):
+        raise argparse.ArgumentTypeError(f"expected a file to write, got {text!r}, read-only")
+    if not os.path.exists(text) and not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(
+            f"expected a file that can be made, got {text!r} ({parent!r} is not writable)"
+        )
     return text
 
 
@@ -595,13 +602,14 @@ def _add_bench(sub: Any) -> None:
         "--suite",
         action="append",
         choices=_suites(),
-        help="run only this suite (repeatable; default: all but scale): "
+        help=f"run only this suite (repeatable; default: every suite but {_flagged_suites()}): "
         + "; ".join(f"{name}: {text}" for name, text in _suite_help()),
     )
     bench.add_argument(
         "--scale",
         action="store_true",
-        help="also run the scale suite (N = 1M nodes: minutes, about 6 GB); not with --quick",
+        help="also run the scale suite, beside the default suites or those named with --suite "
+        "(N = 1M nodes: minutes, about 6 GB); not with --quick",
     )
     bench.add_argument(
         "--json", metavar="PATH", type=_out_file, help="also write every result to PATH"
@@ -610,7 +618,9 @@ def _add_bench(sub: Any) -> None:
         "--reps",
         type=_int_in(1, 10_000),
         default=None,
-        help="fixed number of interleaved repetitions (at least 1)",
+        help="fixed number of timed repetitions per case and mode, at least 1, the scale and "
+        "distributed suites' included (default: as many as fit each case's time budget; "
+        "a fixed few in scale and distributed)",
     )
     bench.add_argument(
         "--no-memory", action="store_true", help="skip the peak-memory call of each candidate"
@@ -734,6 +744,15 @@ def _suites() -> tuple[str, ...]:
     from .bench import SUITES
 
     return SUITES
+
+
+def _flagged_suites() -> str:
+    """The suites a run without ``--suite`` leaves out (they run only when asked for), in
+    words: ``"compile, scale and distributed"``."""
+    from .bench.suites import REGISTRY
+
+    names = [s.name for s in REGISTRY if s.flag is not None]
+    return " and ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else names[0]
 
 
 def _suite_help() -> list[tuple[str, str]]:

@@ -26,6 +26,12 @@ def test_bench_compile_suite_runs_every_row(tmp_path, capsys):
     assert {r["baseline"] for r in rows} == {
         "gnnattn eager", "PyG TransformerConv", "PyG GPSConv"
     }  # fmt: skip
+    # The same weights, no dropout: every output but the train step's is compared.
+    for r in rows:
+        if r["case"].startswith("train step"):
+            assert r["max_abs_diff"] is None, r
+        else:
+            assert r["max_abs_diff"] is not None and r["max_abs_diff"] < 1e-4, r
 
 
 def test_bench_quick_writes_json(tmp_path, capsys):
@@ -101,8 +107,9 @@ def test_train_suite_times_a_training_step_against_mp(tmp_path):
     # "auto" says what it took; with dropout and edge features that is the fused kernel
     # wherever one is compiled.
     assert "auto took 'fused'" in fused["note"] or "auto took 'mp'" in fused["note"]
-    # Same weights, same dropout masks: the first steps' losses agree.
+    # Same weights, same dropout masks: the first steps' losses and gradients agree.
     assert mp["max_abs_diff"] is not None and mp["max_abs_diff"] < 1e-4, mp
+    assert "loss and parameter gradients" in mp["note"]
     assert "mp / fused = " in mp["note"]
     assert "fused(dropout 0.1) / fused(dropout 0) = " in plain["note"]
     assert plain["max_abs_diff"] is None  # another function: no diff
@@ -225,3 +232,241 @@ def test_tiles_suite_quick(tmp_path):
     random = [r for r in rows if r["case"].startswith("random graph")]
     auto = [r for r in random if r["candidate"] == "gnnattn auto"]
     assert auto and all("auto took 'tiles'" not in r["note"] for r in auto)
+
+
+# --- a run keeps its rows when a suite fails; options that would mislead -------------
+
+
+def _tiny_case(suite: str):
+    import torch
+
+    from gnnattn.bench import Candidate, Case
+
+    x = torch.randn(4, 3, requires_grad=True)
+    return Case(
+        suite, "tiny", x, torch.ones(4, 3), "double", [Candidate("double", lambda t: 2 * t)]
+    )
+
+
+def test_a_suite_that_raises_is_an_error_row_and_the_run_goes_on(monkeypatch):
+    import gnnattn.bench as bench
+    from gnnattn.bench.suites import Suite
+
+    def rows_fail(cfg, log):
+        raise ImportError("method='metis' needs the 'pymetis' package")
+
+    def cases_fail(cfg, device):
+        raise RuntimeError("could not build the inputs")
+
+    registry = (
+        Suite("rows_fail", "finished rows, raises", rows=rows_fail),
+        Suite("cases_fail", "raises while making its cases", cases=cases_fail),
+        Suite("fine", "one tiny case", cases=lambda cfg, device: [_tiny_case("fine")]),
+    )
+    monkeypatch.setattr(bench, "REGISTRY", registry)
+    cfg = bench.BenchConfig(suites=tuple(s.name for s in registry), memory=False, reps=1)
+    rows = bench.run(cfg)["rows"]
+    by = {r["suite"]: r for r in rows}
+    assert by["rows_fail"]["status"] == (
+        "error: ImportError: method='metis' needs the 'pymetis' package"
+    )
+    assert by["cases_fail"]["status"] == "error: RuntimeError: could not build the inputs"
+    assert [r["status"] for r in rows if r["suite"] == "fine"] == ["ok", "ok"]  # fwd, fwdbwd
+    assert "stopped by an error" in bench.format_table(rows)
+
+
+def test_cpu_only_suites_refuse_a_cuda_device():
+    # Their processes run on the CPU: under a CUDA header their figures would mislead.
+    from gnnattn.bench import BenchConfig, run
+
+    for suite in ("scale", "distributed"):
+        with pytest.raises(ValueError, match=f"--device cpu for the suite {suite}.*--device cuda"):
+            run(BenchConfig(device="cuda", suites=("softmax", suite)))
+
+
+def _captured_config(monkeypatch, argv):
+    """The BenchConfig that ``gnnattn bench ARGV`` would run (the run itself is cut short)."""
+    import gnnattn.bench as bench
+
+    seen = {}
+
+    def fake_run(cfg, log=None):
+        seen["cfg"] = cfg
+        raise ValueError("stopped by the test")
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    assert main(argv) == 2
+    return seen["cfg"]
+
+
+def test_scale_adds_the_scale_suite_to_the_named_ones(monkeypatch, capsys):
+    cfg = _captured_config(monkeypatch, ["bench", "--scale", "--suite", "sparse"])
+    assert cfg.suites == ("sparse", "scale")
+    cfg = _captured_config(monkeypatch, ["bench", "--scale"])
+    assert cfg.suites == default_suites(scale=True)
+    cfg = _captured_config(monkeypatch, ["bench", "--suite", "distributed", "--reps", "5"])
+    assert cfg.suites == ("distributed",) and cfg.reps == 5
+
+
+def test_suite_help_names_every_suite_left_out_by_default(capsys):
+    from gnnattn.bench.suites import REGISTRY
+
+    assert main(["bench", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    left_out = [s.name for s in REGISTRY if s.name not in default_suites()]
+    assert len(left_out) == 3
+    assert f"every suite but {left_out[0]}, {left_out[1]} and {left_out[2]}" in text
+
+
+def test_reps_reach_the_suites_that_time_their_own(monkeypatch):
+    from gnnattn.bench.harness import BenchConfig
+    from gnnattn.bench.suites import scale
+
+    jobs = []
+
+    def fake_worker(args):
+        jobs.append(args)
+        return None, ["no worker in this test"]
+
+    monkeypatch.setattr(scale, "_run_worker", fake_worker)
+    rows = scale.scale_rows(BenchConfig(quick=True, reps=4))
+    assert len(jobs) == 5 and all(job["reps"] == 4 for job in jobs)  # 3 inputs, GPS, PyG probe
+    assert rows and all(r["status"].startswith(("error", "not run", "skipped")) for r in rows)
+
+
+def test_scale_worker_interleaves_the_baseline_with_the_layer(monkeypatch):
+    from gnnattn.bench.suites import scale
+
+    calls = []
+    timed_ms = scale._ms
+
+    def recorded(fn):
+        calls.append(fn.__name__)
+        return timed_ms(fn)
+
+    monkeypatch.setattr(scale, "_ms", recorded)
+    args = {"nodes": 300, "deg": 4, "embed": 8, "heads": 2, "reps": 3, "input": "csr",
+            "threads": 1, "seed": 0}  # fmt: skip
+    out = scale._worker(args)
+    # The first call (its peak read) alone; then one of each per repetition, in turn.
+    assert calls == ["fwdbwd"] + ["fwd", "fwdbwd", "spmm"] * 3
+    assert len(out["spmm_ms"]) == len(out["fwd_ms"]) == len(out["fwdbwd_ms"]) == 3
+    assert out["peak_rss"] >= out["rss_inputs"] > 0
+
+
+def test_models_causal_graph_is_built_once_on_the_case_device(monkeypatch):
+    import torch
+
+    from gnnattn.bench.harness import BenchConfig
+    from gnnattn.bench.suites import models
+    from gnnattn.graphs import AttentionGraph
+
+    made = []
+    causal = AttentionGraph.causal
+
+    def counted(*args, **kwargs):
+        made.append(kwargs.get("device"))
+        return causal(*args, **kwargs)
+
+    monkeypatch.setattr(AttentionGraph, "causal", staticmethod(counted))
+    case = models._causal_case(BenchConfig(quick=True), torch.device("cpu"), torch.Generator())
+    cand = next(c for c in case.candidates if c.name == "layer(x, AttentionGraph.causal(T))")
+    with torch.no_grad():
+        outs = [cand.fn(case.x) for _ in range(3)]
+    assert made == [torch.device("cpu")]  # once, with the device (not per timed call)
+    assert torch.equal(outs[0], outs[2])
+
+
+def test_json_path_that_cannot_be_written_is_refused_before_the_run(monkeypatch, capsys, tmp_path):
+    from gnnattn import cli
+
+    monkeypatch.setattr(cli.os, "access", lambda path, mode: False)
+    for path, needle in ((tmp_path / "new.json", "is not writable"), (tmp_path, "a folder")):
+        assert main(["bench", "--json", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("gnnattn bench: ") and "--json" in err and needle in err, err
+    existing = tmp_path / "old.json"
+    existing.write_text("{}")
+    assert main(["bench", "--json", str(existing)]) == 2
+    assert "read-only" in capsys.readouterr().err
+
+
+def test_json_write_error_at_the_end_is_one_line(monkeypatch, capsys, tmp_path):
+    import shutil
+
+    import gnnattn.bench as bench
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    real_run = bench.run
+
+    def run_then_lose_the_folder(cfg, log=None):
+        shutil.rmtree(folder)  # the folder goes while the bench runs
+        return real_run(cfg, log)
+
+    monkeypatch.setattr(bench, "run", run_then_lose_the_folder)
+    argv = ["bench", "--quick", "--suite", "softmax", "--no-memory", "--reps", "1"]
+    assert main([*argv, "--json", str(folder / "b.json")]) == 2
+    captured = capsys.readouterr()
+    assert "[softmax]" in captured.out  # the tables were printed
+    last = captured.err.strip().splitlines()[-1]
+    assert last.startswith("gnnattn bench: --json: could not write") and "Traceback" not in (
+        captured.err
+    )
+
+
+# --- compile suite: a failing compile, and comparisons that can fail ------------------
+
+
+def test_compile_loop_returns_the_last_output_not_the_input():
+    import torch
+
+    from gnnattn.bench.suites.compiled import _loop
+
+    batches = [(torch.randn(3, 2),), (torch.randn(4, 2),)]
+    out = _loop(lambda b: b[0] * 3, batches)(torch.zeros(1))
+    assert torch.equal(out, batches[-1][0].detach() * 3) and not out.requires_grad
+
+
+@pytest.mark.slow
+def test_compile_suite_without_a_compiler_keeps_its_eager_rows(monkeypatch):
+    import torch
+
+    from gnnattn.bench.harness import BenchConfig
+    from gnnattn.bench.suites.compiled import COMPILED, compile_rows
+
+    class NoCompiler(torch.nn.Module):
+        """What torch.compile gives on a machine where Inductor cannot build its code."""
+
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, *args, **kwargs):
+            raise RuntimeError("InductorError: no C++ compiler\nmore lines")
+
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: NoCompiler(module))
+    rows = compile_rows(BenchConfig(quick=True, reps=1, memory=False))
+    compiled = [r for r in rows if r["candidate"] == COMPILED]
+    assert len(compiled) == 4  # train, sparse layer, TransformerConv, GPSConv
+    for r in compiled:
+        assert r["status"] == "error: RuntimeError: InductorError: no C++ compiler", r
+    others = [r for r in rows if r["candidate"] != COMPILED]
+    assert others and all(r["status"] == "ok" for r in others), others
+    # PyG's layers against gnnattn's, same weights: the last batch's outputs agree.
+    small = [r for r in others if r["case"].startswith("small graphs")]
+    assert len(small) == 4
+    for r in small:
+        assert r["max_abs_diff"] is not None and r["max_abs_diff"] < 1e-4, r
+
+
+def test_train_diff_covers_the_backward():
+    import torch
+
+    from gnnattn.bench.suites.train import _First, _first_step_diff
+
+    base = _First(1.5, [torch.ones(3), torch.zeros(2)])
+    assert _first_step_diff(base, _First(1.5, [torch.ones(3), torch.zeros(2)])) == 0.0
+    # The same loss, a wrong gradient: the diff shows it.
+    assert _first_step_diff(base, _First(1.5, [torch.ones(3), torch.tensor([0.0, 0.25])])) == 0.25
+    assert _first_step_diff(base, _First(1.0, base.grads)) == 0.5

@@ -47,3 +47,39 @@ def test_the_exchange_clock_wraps_the_all_to_all(monkeypatch):
     # One process: nothing to exchange, no process group; the call is still timed.
     out = exchange._all_to_all(torch.empty(0, 2), torch.empty(0, 2), [0], [0], None, True)
     assert out is None and clock[0] >= 0
+
+
+def test_halo_rows_without_pymetis_skip_metis_only(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pymetis", None)  # import pymetis -> ImportError
+    size = dataclasses.replace(SIZES["quick"], halo_nodes=1500)
+    rows = {r["candidate"]: r for r in _halo_rows(size, BenchConfig(quick=True))}
+    assert rows["metis"]["status"].startswith("skipped (no pymetis)")
+    for name in ("random (the baseline)", "contiguous"):
+        assert rows[name]["status"] == "ok" and rows[name]["halo_fraction"] > 0
+
+
+def test_a_failing_part_is_an_error_row_and_the_reps_reach_the_parts(monkeypatch):
+    from gnnattn.bench.suites import distributed
+
+    seen = []
+
+    def halo(size, cfg):
+        seen.append(size.reps)
+        return [distributed.row("distributed", "halo", "partition", "random", "random")]
+
+    def layer(size, cfg, log):
+        raise RuntimeError("rank 2 of 4 exited 1: Killed")
+
+    monkeypatch.setattr(distributed, "_halo_rows", halo)
+    monkeypatch.setattr(distributed, "_layer_rows", layer)
+    monkeypatch.setattr(
+        distributed, "_weak_rows", lambda size, cfg, log: seen.append(size.reps) or []
+    )
+    rows = distributed.distributed_rows(BenchConfig(quick=True, reps=7))
+    assert seen == [7, 7]  # the halo part and weak scaling, after the layer part failed
+    assert [r["status"] for r in rows] == [
+        "ok",
+        "error: RuntimeError: rank 2 of 4 exited 1: Killed",
+    ]

@@ -297,3 +297,11 @@ def test_the_performance_page_has_a_block_for_every_suite():
         "<!-- bench:" not in m.group(0)[1:]
         for m in re.finditer(r"<!-- bench:.*?<!-- /bench -->", text, re.S)
     )
+
+
+def test_the_block_names_a_fixed_reps_run_with_its_reps():
+    mp = _script()
+    run = _run()
+    assert mp._command(run, "sparse") == "gnnattn bench --suite sparse"
+    run["config"]["reps"] = 5  # `gnnattn bench --reps 5`
+    assert mp._command(run, "sparse") == "gnnattn bench --suite sparse --reps 5"

@@ -58,6 +58,8 @@ __all__ = [
     "BenchConfig",
     "Candidate",
     "Case",
+    "error_row",
+    "error_status",
     "max_abs_diff",
     "row",
     "run_case",
@@ -85,6 +87,9 @@ class BenchConfig:
         threads: ``torch.set_num_threads`` (and numba's) on the CPU.
         suites: which suites to run (names from :data:`gnnattn.bench.SUITES`).
         min_reps / max_reps: bounds on the interleaved repetitions.
+        reps: a fixed number of repetitions (``--reps``) instead of the bounds and
+            the budget; also the timed calls of the suites that time their own
+            (``scale``, ``distributed``). ``None``: each suite's own.
         budget_s: target seconds of timed repetitions per case and mode; the
             number of repetitions is ``budget_s / (one round)``, clamped.
         max_call_s: a candidate whose warm-up call takes longer gets one
@@ -101,6 +106,7 @@ class BenchConfig:
     suites: tuple[str, ...] = ()
     min_reps: int = 3
     max_reps: int = 15
+    reps: int | None = None
     budget_s: float = 20.0
     max_call_s: float = 10.0
     max_edge_floats: int = 1 << 29
@@ -304,6 +310,23 @@ def row(
     return r
 
 
+def _first_line(err: BaseException) -> str:
+    return (str(err).splitlines() or [""])[0][:120]
+
+
+def error_status(err: BaseException) -> str:
+    """A row's status for an exception: ``"error: Type: first line of the message"``."""
+    return f"error: {type(err).__name__}: {_first_line(err)}"
+
+
+def error_row(suite: str, what: str, err: BaseException) -> dict[str, Any]:
+    """The row that stands for a suite, or a part of one, that raised ``err``: the run
+    goes on and the table says what stopped it (its rows, if any, were not made)."""
+    return row(
+        suite, what, "error", what, what, status=error_status(err), mode_label="stopped by an error"
+    )
+
+
 def _note(r: dict[str, Any], text: str) -> None:
     r["note"] = (r["note"] + "; " if r["note"] else "") + text
 
@@ -339,10 +362,10 @@ def run_case(case: Case, mode: str, cfg: BenchConfig) -> list[dict[str, Any]]:
             seconds, out = _timed(case, cand, mode)
         except NotImplementedError as err:
             # For example FlexAttention has no backward on the CPU.
-            r["status"] = f"n/a: {str(err).splitlines()[0][:120]}"
+            r["status"] = f"n/a: {_first_line(err)}"
             continue
         except Exception as err:  # noqa: BLE001 - a failing candidate must not stop the bench
-            r["status"] = f"error: {type(err).__name__}: {str(err).splitlines()[0][:120]}"
+            r["status"] = error_status(err)
             continue
         if case.compare:
             if reference is None:
@@ -359,7 +382,9 @@ def run_case(case: Case, mode: str, cfg: BenchConfig) -> list[dict[str, Any]]:
     slow = {c.name for c in active if estimate[c.name] > cfg.max_call_s}
     round_s = sum(estimate[c.name] for c in active if c.name not in slow)
     reps = cfg.min_reps
-    if round_s > 0:
+    if cfg.reps is not None:
+        reps = cfg.reps
+    elif round_s > 0:
         reps = int(min(cfg.max_reps, max(cfg.min_reps, cfg.budget_s // round_s)))
     limit = {c.name: 1 if c.name in slow else reps for c in active}
     for rep in range(reps if active else 0):

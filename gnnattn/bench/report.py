@@ -142,7 +142,8 @@ def header(result: dict[str, Any]) -> str:
     lines.append(
         "median of interleaved repetitions; 'x base' = median / baseline median; peak MiB = "
         "torch tensor bytes allocated during one call; max|diff| vs the baseline's output "
-        "(forward), input gradient (forward+backward) or first loss (training step)"
+        "(forward), input gradient (forward+backward), first step's loss and gradients "
+        "(train) or a step's output (compile)"
     )
     return "\n".join(lines)
 

@@ -39,7 +39,9 @@ class Suite:
     ``cases`` builds :class:`~gnnattn.bench.harness.Case` objects for the
     interleaved harness; ``rows`` returns finished result rows instead (for
     suites that need their own process, like ``scale``, or that add to the
-    harness's rows, like ``train``).
+    harness's rows, like ``train``). ``cpu_only``: the suite measures processes of its
+    own on the CPU whatever ``--device`` says, so a CUDA run refuses it rather than print
+    CPU figures under a CUDA header.
     """
 
     name: str
@@ -47,6 +49,7 @@ class Suite:
     cases: Callable[[BenchConfig, torch.device], list[Case]] | None = None
     rows: Callable[[BenchConfig, Callable[[str], None] | None], list[dict[str, Any]]] | None = None
     flag: str | None = None
+    cpu_only: bool = False
 
 
 REGISTRY: tuple[Suite, ...] = (
@@ -94,6 +97,7 @@ REGISTRY: tuple[Suite, ...] = (
         "N = 1M forward + backward: time and peak RSS (--scale only)",
         rows=scale_rows,
         flag="scale",
+        cpu_only=True,
     ),
     Suite(
         "distributed",
@@ -102,6 +106,7 @@ REGISTRY: tuple[Suite, ...] = (
         "(only with --suite distributed)",
         rows=distributed_rows,
         flag="suite",
+        cpu_only=True,
     ),
 )
 

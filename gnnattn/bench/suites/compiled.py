@@ -17,8 +17,13 @@
   outside the compiled region but inside the timed call).
 
 Each compiled row's note gives its first call (compilation included) next to
-the eager call: the compile time. Ratios are to the eager row (train, sparse
-layer) or to PyG's layer (small graphs), from the same interleaved run.
+the eager call: the compile time; a first call that raises (no C++ compiler for
+Inductor, an error in it) makes the compiled row an error row and the eager rows
+still run. Ratios are to the eager row (train, sparse layer) or to PyG's layer
+(small graphs), from the same interleaved run. max|diff| is the sparse layer's
+output, or the last batch's output of the small graphs, against the baseline's
+(the same weights, no dropout); the train step is not compared (the compiled
+model's dropout need not draw eager's masks).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..harness import BenchConfig, Candidate, Case, run_case
+from ..harness import BenchConfig, Candidate, Case, error_row, error_status, run_case
 from .train import NodeClassifier, _data
 
 __all__ = ["SIZES", "compile_rows", "molecule_batch"]
@@ -79,6 +84,18 @@ def _first_call_s(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
+def _compiled(fn: Callable[[Tensor], Any], dummy: Tensor, eager_s: float | None) -> Candidate:
+    """The compiled candidate, after its first call (the compile) is made and timed here;
+    a first call that raises (no C++ compiler, an Inductor error) makes it a candidate
+    with that error as its status, so that the case's other rows still run."""
+    try:
+        first = _first_call_s(lambda: fn(dummy))
+    except Exception as err:  # noqa: BLE001 - one failed compile must not stop the suite
+        return Candidate(COMPILED, skip=error_status(err))
+    eager = "" if eager_s is None else f" (eager {eager_s * 1e3:.0f} ms)"
+    return Candidate(COMPILED, fn, note=f"first call {first:.1f} s{eager}: the compile time")
+
+
 def _train_case(cfg: BenchConfig, device: torch.device) -> Case:
     (n, k), _, _ = SIZES["quick" if cfg.quick else "full"]
     data = _data(n, k, device, torch.Generator().manual_seed(cfg.seed + 10))
@@ -103,15 +120,17 @@ def _train_case(cfg: BenchConfig, device: torch.device) -> Case:
 
     eager = step(copy.deepcopy(base))
     compiled = step(torch.compile(copy.deepcopy(base), fullgraph=True))
-    first = _first_call_s(lambda: compiled(data.x)), _first_call_s(lambda: eager(data.x))
     e = data.graph.num_edges
     name = f"train step: GraphTransformer (2 x 64, 4 heads, dropout 0.1, edge_dim 4), kNN N={n:,}, |E|={e:,}"  # noqa: E501
-    return _case(name, device, eager, compiled, first)
+    # Not compared: the compiled model's dropout need not draw eager's masks.
+    return _case(name, device, eager, compiled, compare=False)
 
 
-def _step_case(name: str, device: torch.device, baseline: str, cands: list[Candidate]) -> Case:
-    """A case of whole steps (each candidate runs its own forward and backward), whose
-    outputs are not compared (other weights' copies, other dropout streams, batches)."""
+def _step_case(
+    name: str, device: torch.device, baseline: str, cands: list[Candidate], compare: bool
+) -> Case:
+    """A case of whole steps (each candidate runs its own forward and backward); with
+    ``compare``, each candidate's output (what its step returns) against the baseline's."""
     dummy = torch.zeros(1, device=device)
     return Case(
         "compile",
@@ -121,7 +140,7 @@ def _step_case(name: str, device: torch.device, baseline: str, cands: list[Candi
         baseline,
         cands,
         modes=("step",),
-        compare=False,
+        compare=compare,
         memory=False,
     )
 
@@ -131,11 +150,14 @@ def _case(
     device: torch.device,
     eager: Callable[[Tensor], Any],
     compiled: Callable[[Tensor], Any],
-    first: tuple[float, float],
+    compare: bool,
 ) -> Case:
-    note = f"first call {first[0]:.1f} s (eager {first[1] * 1e3:.0f} ms): the compile time"
-    cands = [Candidate(EAGER, eager), Candidate(COMPILED, compiled, note=note)]
-    return _step_case(name, device, EAGER, cands)
+    """Eager (the baseline) and compiled, the compiled one's first call made and timed here,
+    after eager's first call (numba's kernels compiled, the graph's caches filled)."""
+    dummy = torch.zeros(1, device=device)
+    eager_s = _first_call_s(lambda: eager(dummy))
+    cands = [Candidate(EAGER, eager), _compiled(compiled, dummy, eager_s)]
+    return _step_case(name, device, EAGER, cands, compare)
 
 
 def _sparse_case(cfg: BenchConfig, device: torch.device) -> Case:
@@ -161,10 +183,8 @@ def _sparse_case(cfg: BenchConfig, device: torch.device) -> Case:
 
         return fn
 
-    eager, compiled = run(layer), run(compiled_layer)
-    first = _first_call_s(lambda: compiled(x)), _first_call_s(lambda: eager(x))
     name = f"sparse layer: TransformerConv(64, 16, heads=4, edge_dim=4) fwd+bwd, N={n:,}, {deg} in-edges"  # noqa: E501
-    return _case(name, device, eager, compiled, first)
+    return _case(name, device, run(layer), run(compiled_layer), compare=True)
 
 
 def _small_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
@@ -189,12 +209,18 @@ def _small_cases(cfg: BenchConfig, device: torch.device) -> list[Case]:
 def _loop(
     call: Callable[[tuple[Tensor, ...]], Tensor], batches: list
 ) -> Callable[[Tensor], Tensor]:
+    """Forward + backward of ``call`` on every batch in turn; returns the last batch's
+    output (detached), what the case compares."""
+
     def fn(_: Tensor) -> Tensor:
+        out = None
         for batch in batches:
             x = batch[0].requires_grad_()
-            call(batch).square().mean().backward()
+            out = call(batch)
+            out.square().mean().backward()
             x.grad = None
-        return batch[0].detach()
+        assert out is not None
+        return out.detach()
 
     return fn
 
@@ -207,16 +233,15 @@ def _small_case(
     eager: Callable[[tuple[Tensor, ...]], Tensor],
     compiled: Callable[[tuple[Tensor, ...]], Tensor],
 ) -> Case:
-    """PyG's layer (the baseline), gnnattn's eager and compiled, each over every batch;
-    the compiled one's first call (its compile) is made and timed here."""
+    """PyG's layer (the baseline), gnnattn's eager and compiled, each over every batch,
+    with the same weights: the last batch's outputs are compared; the compiled one's
+    first call (its compile) is made and timed here."""
     cands = [
         Candidate(peer[0], _loop(peer[1], batches)),
         Candidate(EAGER, _loop(eager, batches)),
-        Candidate(COMPILED, _loop(compiled, batches)),
+        _compiled(_loop(compiled, batches), torch.zeros(1, device=device), None),
     ]
-    first = _first_call_s(lambda: cands[2].fn(batches[0][0]))  # type: ignore[misc]
-    cands[2].note = f"first call {first:.1f} s (compile)"
-    return _step_case(name, device, peer[0], cands)
+    return _step_case(name, device, peer[0], cands, compare=True)
 
 
 def _small_tc(desc: str, device: torch.device, batches: list, seed: int) -> Case:
@@ -267,18 +292,22 @@ def _small_gps(desc: str, device: torch.device, batches: list, seed: int) -> Cas
 def compile_rows(
     cfg: BenchConfig, log: Callable[[str], None] | None = None
 ) -> list[dict[str, Any]]:
-    """Every case of the suite, run through the interleaved harness."""
+    """Every case of the suite, run through the interleaved harness; a part that raises
+    (making its inputs, an eager first call) is an error row, and the others still run."""
     device = torch.device(cfg.device)
     rows: list[dict[str, Any]] = []
-    builders: list[Callable[[], Case | list[Case]]] = [
-        lambda: _train_case(cfg, device),
-        lambda: _sparse_case(cfg, device),
-        lambda: _small_cases(cfg, device),
+    builders: list[tuple[str, Callable[[], Case | list[Case]]]] = [
+        ("train step", lambda: _train_case(cfg, device)),
+        ("sparse layer", lambda: _sparse_case(cfg, device)),
+        ("small graphs", lambda: _small_cases(cfg, device)),
     ]
-    for build in builders:
-        made = build()
-        for case in made if isinstance(made, list) else [made]:
-            if log is not None:
-                log(f"running [compile] {case.name}")
-            rows += run_case(case, "step", cfg)
+    for what, build in builders:
+        try:
+            made = build()
+            for case in made if isinstance(made, list) else [made]:
+                if log is not None:
+                    log(f"running [compile] {case.name}")
+                rows += run_case(case, "step", cfg)
+        except Exception as err:  # noqa: BLE001 - keep the other parts' rows
+            rows.append(error_row("compile", what, err))
     return rows

@@ -31,6 +31,7 @@ header prints.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from ..harness import BenchConfig, row
+from ..harness import BenchConfig, error_row, row
 
 __all__ = ["SIZES", "DistSize", "distributed_rows"]
 
@@ -158,14 +159,23 @@ def _halo_rows(size: DistSize, cfg: BenchConfig) -> list[dict[str, Any]]:
     case = f"halo rows / owned rows: kNN graph of random 3-D points, N={n:,}, k={k}, P={p}"
     base = "random (the baseline)"
     found: dict[str, tuple[float, float, float]] = {}
+    missing: dict[str, str] = {}
     for method in ("random", "contiguous", "metis"):
         t0, c0 = time.perf_counter(), time.process_time()
-        part = partition(ei, p, method=method, num_nodes=n, seed=cfg.seed)
+        try:
+            part = partition(ei, p, method=method, num_nodes=n, seed=cfg.seed)
+        except ImportError:  # METIS without pymetis (the optional 'distributed' extra)
+            missing[method] = "skipped (no pymetis): pip install 'gnnattn[distributed]'"
+            continue
         found[method] = (time.perf_counter() - t0, time.process_time() - c0, part.halo_fraction())
         del part
     target = {"metis": "target <= 10%", "random": "target >= 70%", "contiguous": ""}
     rows = []
     for method in ("random", "contiguous", "metis"):
+        if method in missing:
+            name = base if method == "random" else method
+            rows.append(row("distributed", case, "partition", name, base, status=missing[method]))
+            continue
         sec, cpu, frac = found[method]
         name = base if method == "random" else method
         note = f"halo {100 * frac:.1f}% of owned rows"
@@ -350,13 +360,27 @@ def _weak_rows(
 def distributed_rows(
     cfg: BenchConfig, log: Callable[[str], None] | None = None
 ) -> list[dict[str, Any]]:
-    """The suite's rows: halo fractions, one process vs P ranks, weak scaling."""
+    """The suite's rows: halo fractions, one process vs P ranks, weak scaling.
+
+    The three parts are independent and each takes minutes at full size: one that
+    raises (a rank that dies, a timeout) is an error row, and the others still run.
+    """
     size = SIZES["quick" if cfg.quick else "full"]
+    if cfg.reps is not None:
+        size = dataclasses.replace(size, reps=cfg.reps)
     if log is not None:
         log(f"running [distributed] halo fractions, N={size.halo_nodes:,}")
-    rows = _halo_rows(size, cfg)
-    rows += _layer_rows(size, cfg, log)
-    rows += _weak_rows(size, cfg, log)
+    parts: list[tuple[str, Callable[[], list[dict[str, Any]]]]] = [
+        ("halo fractions", lambda: _halo_rows(size, cfg)),
+        ("one process vs P ranks", lambda: _layer_rows(size, cfg, log)),
+        ("weak scaling", lambda: _weak_rows(size, cfg, log)),
+    ]
+    rows: list[dict[str, Any]] = []
+    for what, part in parts:
+        try:
+            rows += part()
+        except Exception as err:  # noqa: BLE001 - keep the other parts' rows
+            rows.append(error_row("distributed", what, err))
     return rows
 
 
@@ -364,8 +388,6 @@ def _main(argv: list[str]) -> None:
     """``python -m gnnattn.bench.suites.distributed [--quick] [FIELD=VALUE ...]
     halo|layer|weak ...``: some parts of the suite, each table printed as soon as it is
     done; ``FIELD=VALUE`` changes a size (``layer_nodes=1000000``)."""
-    import dataclasses
-
     from ..report import format_table
 
     cfg = BenchConfig(quick="--quick" in argv, suites=("distributed",))

@@ -4,15 +4,18 @@ one GPS layer with Exphormer attention on a kNN graph of 1M 3-D points (issue 29
 
 Each case runs in a fresh Python process, so that its peak resident set
 (``VmHWM``) is this case's alone: the imports, the graph, the inputs ``x``
-and upstream gradient, the layer's forward and backward (the first call
-included, which builds the graph's transposed CSR). The graph is given two
-ways: as an int32 CSR adjacency (``torch.sparse_csr_tensor``, the lean form:
-the graph keeps its index arrays and makes no ``[2, E]`` copy) and as an
-int64 ``edge_index`` grouped by target (PyG's usual form; 0.5 GB of its own
-at this size). The baseline is a CSR SpMM of the same graph with an
-``[N, 128]`` matrix, timed in the same process after the layer (its memory is
-not in the peak). PyG's ``TransformerConv`` cannot run here: each of its
-``|E| x D`` tensors would be 16 GB.
+and upstream gradient, and the layer's first forward and backward (which also
+builds the graph's transposed CSR; the later calls reuse it and hold the same
+tensors). The graph is given two ways: as an int32 CSR adjacency
+(``torch.sparse_csr_tensor``, the lean form: the graph keeps its index arrays
+and makes no ``[2, E]`` copy) and as an int64 ``edge_index`` grouped by target
+(PyG's usual form; 0.5 GB of its own at this size). The baseline is a CSR
+SpMM of the same graph with an ``[N, 128]`` matrix in the same process: after
+the layer's first call the peak is read, then the baseline's matrices are made
+(their memory is not in the peak) and each repetition times one forward, one
+forward + backward and one SpMM, in turn, so that the ratios are of interleaved
+medians as in the other suites. PyG's ``TransformerConv`` cannot run here: each
+of its ``|E| x D`` tensors would be 16 GB.
 
 The GPS case (:data:`GPS_SIZES`): ``GPSConv(64, GINEConv(MLP, edge_dim=3), heads=4,
 attn_type="exphormer")`` on the kNN graph of N random 3-D points (``k`` nearest,
@@ -92,6 +95,7 @@ _CONV = "PyG TransformerConv (+out proj)"
 def scale_rows(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Run every case in its own process and return its rows."""
     n, deg, d, h, reps = SIZES["quick" if cfg.quick else "full"]
+    reps = reps if cfg.reps is None else cfg.reps
     rows: list[dict[str, Any]] = []
     for kind, label in _INPUTS.items():
         case = f"{label}: N={n:,}, {deg} in-edges each, embed {d}, {h} heads, |E|={n * deg:,}"
@@ -107,13 +111,7 @@ def scale_rows(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> li
             "threads": cfg.threads,
             "seed": cfg.seed,
         }
-        cmd = [sys.executable, "-m", "gnnattn.bench.suites.scale", json.dumps(args)]
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
-            out = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else None
-            err = res.stderr.strip().splitlines()[-1:] if res.returncode else []
-        except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as exc:
-            out, err = None, [f"{type(exc).__name__}"]
+        out, err = _run_worker(args)
         if out is None:
             status = f"error: {err[0][:160] if err else 'no result'}"
             for mode in ("fwd", "fwdbwd"):
@@ -168,6 +166,7 @@ def gps_rows(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> list
     """Issue 29's case: one GPS layer with Exphormer attention on a kNN graph, in its own
     process; and where PyG's multihead GPSConv stops fitting."""
     n, k, d, h, reps = GPS_SIZES["quick" if cfg.quick else "full"]
+    reps = reps if cfg.reps is None else cfg.reps
     case = f"GPS layer, kNN graph of N={n:,} 3-D points (k={k}), embed {d}, {h} heads"
     if log is not None:
         log(f"running [scale] {case} (in a new process)")
@@ -268,32 +267,56 @@ def _worker(args: dict[str, Any]) -> dict[str, Any]:
             del src
             graph = AttentionGraph(ei, n)
     graph_s = time.perf_counter() - t0
-    res = _layer_part(args, graph, gen)
-    # The baseline, after the peak was read: its own [N, embed] input and
-    # output are not the layer's memory.
-    ptr64, col64 = graph.csr.ptr, graph.csr.col.long()
-    del graph
+    fwd, fwdbwd, res = _layer_part(args, graph, gen)
+    # The baseline's matrices are made after the layer's peak was read: their memory
+    # is not the layer's.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        adj_f = torch.sparse_csr_tensor(ptr64, col64, torch.ones(e), (n, n))
+        adj_f = torch.sparse_csr_tensor(
+            graph.csr.ptr.long(), graph.csr.col.long(), torch.ones(e), (n, n)
+        )
     xm = torch.randn(n, d, generator=gen)
-    torch.sparse.mm(adj_f, xm)
-    spmm_ms = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
+
+    def spmm() -> None:
         torch.sparse.mm(adj_f, xm)
-        spmm_ms.append((time.perf_counter() - t0) * 1e3)
-    return {**res, "spmm_ms": spmm_ms, "graph_s": graph_s, "loadavg": list(os.getloadavg())}
+
+    spmm()  # its warm-up call, as the layer's first call was
+    # One call of each per repetition, in turn: a noisy neighbour or a change of clock
+    # hits the layer and the baseline alike (the ratios are of these medians).
+    fwd_ms, fwdbwd_ms, spmm_ms = [], [], []
+    for _ in range(reps):
+        fwd_ms.append(_ms(fwd))
+        fwdbwd_ms.append(_ms(fwdbwd))
+        spmm_ms.append(_ms(spmm))
+    return {
+        **res,
+        "fwd_ms": fwd_ms,
+        "fwdbwd_ms": fwdbwd_ms,
+        "spmm_ms": spmm_ms,
+        "graph_s": graph_s,
+        "loadavg": list(os.getloadavg()),
+    }
 
 
-def _layer_part(args: dict[str, Any], graph: Any, gen: Any) -> dict[str, Any]:
-    """The layer's first call, its timed calls and the process's peak resident set."""
+def _ms(fn: Callable[[], Any]) -> float:
+    """Milliseconds one call of ``fn`` takes."""
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _layer_part(
+    args: dict[str, Any], graph: Any, gen: Any
+) -> tuple[Callable[[], Any], Callable[[], Any], dict[str, Any]]:
+    """The layer's forward (no grad) and forward + backward, after its first call; that
+    call's seconds and the process's peak resident set through it (the peak: the
+    first call also builds the graph's transposed CSR, which later calls reuse)."""
     import torch
 
     from ...nn import TransformerConv
     from .common import attention_layer
 
-    n, d, h, reps = args["nodes"], args["embed"], args["heads"], args["reps"]
+    n, d, h = args["nodes"], args["embed"], args["heads"]
     torch.manual_seed(args["seed"])
     ea = None
     if args["input"] == "tconv":
@@ -308,31 +331,19 @@ def _layer_part(args: dict[str, Any], graph: Any, gen: Any) -> dict[str, Any]:
     def call() -> Any:
         return layer(x, graph) if ea is None else layer(x, graph, ea)
 
+    def fwd() -> None:
+        with torch.no_grad():
+            call()
+
     def fwdbwd() -> None:
         x.grad = None
         for p in layer.parameters():
             p.grad = None
         call().backward(g)
 
-    t0 = time.perf_counter()
-    fwdbwd()
-    first_s = time.perf_counter() - t0
-    fwd_ms, fwdbwd_ms = [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            call()
-        fwd_ms.append((time.perf_counter() - t0) * 1e3)
-        t0 = time.perf_counter()
-        fwdbwd()
-        fwdbwd_ms.append((time.perf_counter() - t0) * 1e3)
-    return {
-        "fwd_ms": fwd_ms,
-        "fwdbwd_ms": fwdbwd_ms,
-        "first_s": first_s,
-        "peak_rss": _status()["VmHWM"],
-        "rss_inputs": rss_inputs,
-    }
+    first_s = _ms(fwdbwd) / 1e3
+    res = {"first_s": first_s, "peak_rss": _status()["VmHWM"], "rss_inputs": rss_inputs}
+    return fwd, fwdbwd, res
 
 
 def gps_case(n: int, k: int, d: int, h: int, seed: int, device: str = "cpu") -> dict[str, Any]:

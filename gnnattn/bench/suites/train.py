@@ -20,8 +20,10 @@ Rows (each its own copy of the same initial weights, with its own optimizer):
 
 Call k of every row first seeds torch with ``seed + k``, so the rows draw the
 same dropout masks (the attention's stream is keyed from torch's generator;
-``"mp"`` and ``"fused"`` draw the same one): the ``mp`` row's max|diff| is
-its first loss against the baseline's first loss. The ``dropout 0`` row
+``"mp"`` and ``"fused"`` draw the same one): the ``mp`` row's max|diff| is the
+largest difference of its first step's loss and of every parameter's gradient
+in that step (before the optimizer's update) from the baseline's, so a wrong
+backward shows as well as a wrong forward. The ``dropout 0`` row
 computes another function (no max|diff|); its note gives
 ``fused(dropout 0.1) / fused(dropout 0)``.
 """
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -39,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..harness import BenchConfig, Candidate, Case, run_case
+from ..harness import BenchConfig, Candidate, Case, max_abs_diff, run_case
 from .common import knn_graph, random_points
 
 __all__ = ["SIZES", "train_rows"]
@@ -105,10 +108,25 @@ def _data(n: int, k: int, device: torch.device, gen: torch.Generator) -> _Data:
     return _Data(x.to(device), y.to(device), graph, edge_attr.to(device))
 
 
+@dataclass
+class _First:
+    """What call 0 of a row gave: its loss and each parameter's gradient (after the
+    backward, before the optimizer's update)."""
+
+    loss: float
+    grads: list[Tensor]
+
+
 def _step(
-    model: NodeClassifier, data: _Data, backend: str | None, seed: int
+    model: NodeClassifier,
+    data: _Data,
+    backend: str | None,
+    seed: int,
+    first: dict[str, _First],
+    name: str,
 ) -> Callable[[Tensor], Tensor]:
-    """One training step of ``model`` (its own Adam); returns the loss before the step."""
+    """One training step of ``model`` (its own Adam); returns the loss before the step and
+    keeps the first call's loss and gradients in ``first[name]``."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     calls = [0]
 
@@ -119,13 +137,25 @@ def _step(
         logits = model(data.x, data.graph, data.edge_attr, backend=backend)
         loss = F.cross_entropy(logits, data.y)
         loss.backward()
+        if name not in first:
+            grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+            first[name] = _First(float(loss.detach()), grads)
         opt.step()
         return loss.detach()
 
     return fn
 
 
-def _case(cfg: BenchConfig, device: torch.device) -> tuple[Case, dict[str, float], str]:
+def _first_step_diff(a: _First, b: _First) -> float:
+    """The largest absolute difference of two rows' first steps: the loss and every
+    parameter's gradient (``inf`` when they have other parameters)."""
+    if len(a.grads) != len(b.grads):
+        return math.inf
+    grads = [max_abs_diff(x, y) for x, y in zip(a.grads, b.grads, strict=True)]
+    return max([abs(a.loss - b.loss), *grads])
+
+
+def _case(cfg: BenchConfig, device: torch.device) -> tuple[Case, dict[str, _First], str]:
     from ...nn import SelfAttentionConv
 
     gen = torch.Generator().manual_seed(cfg.seed + 10)
@@ -138,21 +168,12 @@ def _case(cfg: BenchConfig, device: torch.device) -> tuple[Case, dict[str, float
     attn = base.encoder.layers[0].self_attn
     assert isinstance(attn, SelfAttentionConv)
     choice = attn.backend_for(data.x.new_empty(n, EMBED), data.graph, data.edge_attr)
-    first: dict[str, float] = {}
-
-    def recorded(name: str, fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
-        def call(x: Tensor) -> Tensor:
-            loss = fn(x)
-            first.setdefault(name, float(loss))
-            return loss
-
-        return call
-
+    first: dict[str, _First] = {}
     seed = cfg.seed + 11
     cands = [
-        Candidate(FUSED, recorded(FUSED, _step(copy.deepcopy(base), data, None, seed))),
-        Candidate(MP, recorded(MP, _step(copy.deepcopy(base), data, "mp", seed))),
-        Candidate(NO_DROPOUT, recorded(NO_DROPOUT, _step(plain, data, None, seed))),
+        Candidate(FUSED, _step(copy.deepcopy(base), data, None, seed, first, FUSED)),
+        Candidate(MP, _step(copy.deepcopy(base), data, "mp", seed, first, MP)),
+        Candidate(NO_DROPOUT, _step(plain, data, None, seed, first, NO_DROPOUT)),
     ]
     e = data.graph.num_edges
     threads = f"; {torch.get_num_threads()} threads" if device.type == "cpu" else ""
@@ -192,8 +213,12 @@ def train_rows(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> li
     note(by[FUSED], chose)
     if FUSED in first and MP in first:
         by[FUSED]["max_abs_diff"] = 0.0
-        by[MP]["max_abs_diff"] = abs(first[MP] - first[FUSED])
-        note(by[MP], "max|diff| of the first step's loss (same weights and dropout masks)")
+        by[MP]["max_abs_diff"] = _first_step_diff(first[MP], first[FUSED])
+        note(
+            by[MP],
+            "max|diff| of the first step's loss and parameter gradients (same weights and "
+            "dropout masks)",
+        )
     if by[MP]["ratio"] is not None:
         note(by[MP], f"mp / fused = {by[MP]['ratio']:.2f}")
     fused_ms, plain_ms = by[FUSED]["median_ms"], by[NO_DROPOUT]["median_ms"]
