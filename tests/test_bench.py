@@ -345,8 +345,7 @@ def test_scale_worker_interleaves_the_baseline_with_the_layer(monkeypatch):
         return timed_ms(fn)
 
     monkeypatch.setattr(scale, "_ms", recorded)
-    args = {"nodes": 300, "deg": 4, "embed": 8, "heads": 2, "reps": 3, "input": "csr",
-            "threads": 1, "seed": 0}  # fmt: skip
+    args = dict(nodes=300, deg=4, embed=8, heads=2, reps=3, input="csr", threads=1, seed=0)
     out = scale._worker(args)
     # The first call (its peak read) alone; then one of each per repetition, in turn.
     assert calls == ["fwdbwd"] + ["fwd", "fwdbwd", "spmm"] * 3

@@ -268,6 +268,8 @@ def test_wrong_inputs_to_a_part_name_what_was_expected() -> None:
         Partition(_random_graph(20, 60), torch.zeros(20, dtype=torch.int64), 0)
     with pytest.raises(TypeError, match="'seed'"):
         partition(_random_graph(20, 60), 2, seed=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'seed' below 2"):
+        partition(_random_graph(20, 60), 2, method="random", seed=2**64)
     with pytest.raises(ValueError, match="no 'sdpa'|'sdpa' does not take"):
         conv(torch.randn(20, 8), part, backend="sdpa")
 
@@ -286,3 +288,6 @@ def test_shard_takes_the_whole_graphs_rows_only() -> None:
         part.shard_edges(torch.randn(21, 2))
     ea = torch.randn(36, 2)
     assert torch.equal(part.shard_edges(ea), ea[part.edge_ids.long()])
+    # A structured graph whose edges were never built: the same rows (its 36 edges).
+    lazy = partition(AttentionGraph.complete(6), 2, causal=True, method="contiguous").part(1)
+    assert torch.equal(lazy.shard_edges(ea), part.shard_edges(ea))

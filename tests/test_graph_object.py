@@ -507,6 +507,26 @@ def test_causal_view_keeps_structure_and_edge_attr_order(materialize):
     assert out.shape == (11, D)
 
 
+@pytest.mark.parametrize("materialize", [False, True])
+def test_input_edges_of_every_kind_of_causal_graph(materialize):
+    """input_edges / num_input_edges index the edges as given before causal pruning: of an
+    edge_index, of a graph object, and of a structured graph whether or not its edges
+    were built (then its causal view's parent's)."""
+    ei = complete_graph(5)
+    want = (ei[0] <= ei[1]).nonzero().view(-1)
+    structured = AttentionGraph.complete(5)
+    if materialize:
+        _ = structured.edge_index
+    for g in (AttentionGraph(ei, causal=True), AttentionGraph(ei).causal_view()):
+        assert g.num_input_edges == 25 and torch.equal(g.input_edges, want)
+    view = structured.causal_view()
+    assert view.num_input_edges == 25 and view.num_edges == 15
+    assert torch.equal(view.input_edges, want)
+    assert torch.equal(view.edge_index, ei[:, want])
+    kept = AttentionGraph(AttentionGraph.causal(5).edge_index, causal=True)
+    assert kept.input_edges is None and kept.num_input_edges == kept.num_edges == 15
+
+
 def test_devices_sizes_and_messages():
     layer = SelfAttentionConv(D, H)
     assert layer(torch.randn(5, D), AttentionGraph.causal(5).to("cpu:0")).shape == (5, D)

@@ -8,6 +8,7 @@ contains ``triton``.
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -252,14 +253,27 @@ def test_triton_tiles_cuda_backend_equals_mp() -> None:
 
 
 def test_triton_tiles_float32_products_follow_torchs_tf32_switch() -> None:
-    from gnnattn.kernels.triton_tiles import _precision
-
-    allowed = torch.backends.cuda.matmul.allow_tf32
-    try:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        assert _precision(torch.float32) == "ieee"
+    """IEEE float32 unless torch allows TF32, by either of its switches (the new one set,
+    reading the legacy one would raise)."""
+    code = textwrap.dedent(
+        """
+        import torch
+        from gnnattn.kernels.triton_tiles import _precision
+        got = [_precision(torch.float32)]
         torch.backends.cuda.matmul.allow_tf32 = True
-        assert _precision(torch.float32) == "tf32"
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = allowed
-    assert _precision(torch.bfloat16) == "tf32"  # not read: the product is bf16's
+        got.append(_precision(torch.float32))
+        torch.backends.cuda.matmul.allow_tf32 = False
+        got.append(_precision(torch.float32))
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+            torch.backends.cuda.matmul.fp32_precision = "tf32"
+            got.append(_precision(torch.float32))
+        got.append(_precision(torch.bfloat16))  # not read: the product is bf16's
+        print(got)
+        """
+    )
+    # A process of its own: torch's precision switches are global and sticky.
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = ast.literal_eval(res.stdout.strip().splitlines()[-1])
+    assert got[:3] == ["ieee", "tf32", "ieee"] and got[-1] == "tf32"
+    assert all(p == "tf32" for p in got[3:])

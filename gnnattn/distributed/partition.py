@@ -232,8 +232,10 @@ def partition(
         GraphPart(rank=1, world_size=2, num_targets=2, num_halo=4, num_edges=11)
     """
     check_int(num_parts, "num_parts", min=1)
-    # Any int, negative ones too (METIS and torch's generator both take them).
+    # A 64-bit int, negative ones too (METIS and torch's generator both take them).
     check_int(seed, "seed", min=-(2**63))
+    if seed >= 2**63:
+        raise ValueError(f"Expected 'seed' below 2**63 (a 64-bit int), got {seed}")
     if method not in METHODS:
         raise ValueError(f"Expected 'method' to be one of {METHODS}, got {method!r}")
     if not isinstance(graph, AttentionGraph):

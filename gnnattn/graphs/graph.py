@@ -581,15 +581,26 @@ class AttentionGraph:
     @property
     def input_edges(self) -> Tensor | None:
         """For a graph pruned with ``causal=True``: positions of the kept edges in the
-        given ``edge_index``; ``None`` when every given edge was kept."""
+        given ``edge_index`` (for the causal view of a structured graph, in its
+        parent's edges, built for this); ``None`` when every given edge was kept."""
+        parent = self._parent
+        if self._input_edges is None and parent is not None:
+            with _building(self._lock):
+                if self._input_edges is None and parent.num_edges != self.num_edges:
+                    pe = parent.edge_index
+                    # The parent's edges are sorted as the view's: the kept ones, in order.
+                    self._input_edges = (pe[0] <= pe[1]).nonzero().view(-1)
+                    self._num_input_edges = parent.num_edges
         return self._input_edges
 
     @property
     def num_input_edges(self) -> int:
-        """How many edges :attr:`input_edges` indexes: the given ones for a graph pruned
-        with ``causal=True``, else :attr:`num_edges`."""
+        """How many edges :attr:`input_edges` indexes: those given before causal pruning
+        (a structured graph's causal view: its parent's), else :attr:`num_edges`."""
         if self._input_edges is not None and self._num_input_edges is not None:
             return self._num_input_edges
+        if self._parent is not None:
+            return self._parent.num_edges
         return self.num_edges
 
     # ------------------------------------------------------------ views

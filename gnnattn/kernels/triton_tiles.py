@@ -24,7 +24,8 @@ Like the reference it takes finite ``q``, ``k``, ``v`` (the operator sends
 other inputs to the CSR kernels); a NaN or ``+inf`` bias makes its row NaN,
 and the empty slots are zeroed after the exponential. Half-precision inputs
 multiply in their dtype with float32 accumulation; float32 in IEEE float32 (TF32
-only where ``torch.backends.cuda.matmul.allow_tf32`` allows it); float64 stays
+only where torch allows it for float32 matmuls:
+``torch.backends.cuda.matmul.fp32_precision``, ``allow_tf32``); float64 stays
 float64.
 Tested under ``TRITON_INTERPRET=1`` against the reference and compiled for
 sm_90 (``tests/test_triton_tiles.py``).
@@ -302,13 +303,23 @@ def _acc(dtype: torch.dtype) -> tl.dtype:
 
 def _precision(dtype: torch.dtype) -> str:
     """``tl.dot``'s input precision: float32 products in IEEE float32 unless the user
-    allowed TF32 for float32 matmuls (``torch.backends.cuda.matmul.allow_tf32``), as
-    torch's matmul and Inductor's kernels do. Triton's own default is TF32, whose
-    10-bit mantissas give errors of 1e-3 on unit-scale scores. The half types and
-    float64 do not read it."""
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+    allowed TF32 for float32 matmuls, as torch's matmul and Inductor's kernels do
+    (Triton's own default is TF32, whose 10-bit mantissas give errors of 1e-3 on
+    unit-scale scores). The half types and float64 do not read it."""
+    if dtype == torch.float32 and not _tf32_allowed():
         return "ieee"
     return "tf32"
+
+
+def _tf32_allowed() -> bool:
+    matmul = torch.backends.cuda.matmul
+    # torch's switch: fp32_precision where it exists (allow_tf32 and
+    # set_float32_matmul_precision set it too, and reading allow_tf32 after the
+    # new switch was set raises), allow_tf32 in older torch.
+    precision = getattr(matmul, "fp32_precision", None)
+    if precision is not None:
+        return bool(precision == "tf32")
+    return bool(matmul.allow_tf32)
 
 
 def _slots(ch: TileChunk) -> int:
