@@ -152,6 +152,59 @@ def test_graphs_of_other_sizes_recompile_at_most_once(name: str) -> None:
     assert len(compiles) <= 2  # the first compile, and one that makes the sizes dynamic
 
 
+@pytest.mark.parametrize(
+    "lengths, most",
+    [
+        # B equal graphs: one [B, H, T, C] SDPA call, its block count from x's size (a
+        # guard on each of B lengths would recompile for every new B, then run eager
+        # after the recompile limit).
+        ([[6] * 3, [6] * 4, [6] * 5, [6] * 7, [6] * 8, [6] * 9], 2),
+        # Blocks of different lengths: once more, as the longest block becomes dynamic.
+        ([[3, 5, 6, 2], [4, 4, 7, 1], [2, 9, 3, 3], [5, 5, 5, 6], [1, 2, 3, 4], [6, 1, 1, 9]], 3),
+    ],
+    ids=["equal", "ragged"],
+)
+def test_batches_of_other_graphs_recompile_a_bounded_number_of_times(
+    lengths: list[list[int]], most: int
+) -> None:
+    torch.manual_seed(0)
+    layer = SelfAttentionConv(16, 2)
+    compiles = []
+
+    def counting(gm: torch.fx.GraphModule, example: Any) -> Callable[..., Any]:
+        compiles.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(lambda x, g: layer(x, g), backend=counting, fullgraph=True)
+    for lens in lengths:
+        batch = torch.arange(len(lens)).repeat_interleave(torch.tensor(lens))
+        graph = AttentionGraph.from_batch(batch).prepare()
+        x = torch.randn(batch.numel(), 16)
+        torch.testing.assert_close(compiled(x, graph), layer(x, graph), atol=1e-5, rtol=1e-5)
+    assert len(compiles) <= most
+
+
+def test_a_compiled_call_may_be_the_first_use_of_the_kernels() -> None:
+    """In a fresh process whose first gnnattn call is compiled with fullgraph=True (a plain
+    edge_index: no graph object imported the kernels before), the kernel module's import
+    is traced: no graph break, the eager numbers."""
+    code = textwrap.dedent(
+        """
+        import sys, torch
+        from gnnattn import SelfAttentionConv
+        assert "gnnattn.kernels.cpu" not in sys.modules
+        torch.manual_seed(0)
+        layer = SelfAttentionConv(16, 2)
+        ei, x = torch.randint(0, 20, (2, 60)), torch.randn(20, 16)
+        out = torch.compile(lambda x, ei: layer(x, ei), fullgraph=True)(x, ei)
+        torch.testing.assert_close(out, layer(x, ei))
+        print("ok")
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+
+
 def test_compiled_backward_takes_the_eager_source_pass(monkeypatch) -> None:
     """Compiled, a small graph given as ``edge_index`` (built in the compiled region)
     has its backward's source pass done serially over the CSR, as in eager mode (no

@@ -222,6 +222,19 @@ def test_opcheck_activation_dropout(shape: tuple[int, ...]) -> None:
     torch.library.opcheck(torch.ops.gnnattn.dropout_bits.default, (counter, key))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_opcheck_activation_dropout_on_a_strided_input(dtype: torch.dtype) -> None:
+    """A transposed input (bfloat16 takes the reference, float64 the kernels): the results
+    are contiguous on every path, as the fake kernels say."""
+    x = torch.randn(4, 6, dtype=dtype, device=DEV).t()
+    key = draw_key()
+    for op in (torch.ops.gnnattn.dropout, torch.ops.gnnattn.relu_dropout):
+        torch.library.opcheck(op.default, (x, key, 0.3))
+    y = torch.ops.gnnattn.relu_dropout(x, key, 0.3).t()  # (4, 6), strided
+    grad = torch.randn(6, 4, dtype=dtype, device=DEV).t()
+    torch.library.opcheck(torch.ops.gnnattn.relu_dropout_bwd.default, (y, grad, 0.3))
+
+
 def test_dropout_ops_mask_like_the_reference_stream() -> None:
     """The ops draw the stream of :mod:`gnnattn.kernels.common` (a test that can fail:
     another hash, offset or threshold changes the kept set)."""

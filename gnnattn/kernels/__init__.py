@@ -43,9 +43,7 @@ which is how everything above this package calls them.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
-import sys
 from types import MappingProxyType, ModuleType
 
 import torch
@@ -68,14 +66,19 @@ def get(device: torch.device) -> ModuleType:
     """The kernel module for ``device``: compiled where possible, else the reference."""
     if device.type not in COMPILED:
         return reference
-    name = f"{__name__}.{_MODULES[device.type][0]}"
-    # Imported already after the first call: the import machinery costs more
-    # than some small graphs' kernels, and an op asks several times per call.
-    module = sys.modules.get(name)
-    if module is not None:
-        return module
+    # Import statements, not importlib.import_module nor a look in sys.modules: a model
+    # compiled before anything imported the kernels traces this first call, and Dynamo
+    # skips importlib (a graph break; an error under fullgraph=True or a strict
+    # export) and guards on sys.modules (which the import then changes). Once the
+    # module is imported, the statement is a lookup of about a microsecond.
     try:
-        return importlib.import_module(name)
+        if device.type == "cpu":
+            from . import cpu
+
+            return cpu
+        from . import triton_ops
+
+        return triton_ops
     except ImportError:
         # numba / triton missing: the pure-torch reference computes the same.
         return reference

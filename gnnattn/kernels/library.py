@@ -699,7 +699,8 @@ def dropout(x: Tensor, key: Tensor, p: float) -> Tensor:
     drop = dropout_of(key, p)
     if drop is None:
         return x.clone(memory_format=torch.contiguous_format)
-    return _stream_kernels(x).dropout(x, drop)
+    # Contiguous, as the fake says: the reference's product keeps a strided x's strides.
+    return _stream_kernels(x).dropout(x, drop).contiguous()
 
 
 dropout.register_fake(_like_first)
@@ -724,7 +725,7 @@ def relu_dropout(x: Tensor, key: Tensor, p: float) -> Tensor:
     drop = dropout_of(key, p)
     if drop is None:
         return torch.relu(x).contiguous()
-    return _stream_kernels(x).relu_dropout(x, drop)
+    return _stream_kernels(x).relu_dropout(x, drop).contiguous()  # as dropout's
 
 
 relu_dropout.register_fake(_like_first)
@@ -734,7 +735,7 @@ relu_dropout.register_fake(_like_first)
 def relu_dropout_bwd(y: Tensor, grad: Tensor, p: float) -> Tensor:
     """The gradient of :func:`relu_dropout` read from its output: ``grad / (1 - p)`` where
     ``y > 0``."""
-    return _stream_kernels(y).relu_dropout_bwd(y, grad, 1.0 / (1.0 - p))
+    return _stream_kernels(y).relu_dropout_bwd(y, grad, 1.0 / (1.0 - p)).contiguous()
 
 
 relu_dropout_bwd.register_fake(_like_first)

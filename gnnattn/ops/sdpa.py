@@ -282,7 +282,6 @@ def sdpa_attention(
     assert s is not None
     n, h, c = q.shape
     cv = v.shape[-1]
-    lengths = s.lengths
     if n == 0:
         # Empty, but in the autograd graph of q, k and v (zero gradients), as the other
         # backends' outputs are: a backward through it must not find no grad_fn.
@@ -292,11 +291,14 @@ def sdpa_attention(
         out = block_attention(q, k, v, graph.block_starts(), scale)
         weights = _gather_weights(q, k, graph, scale, None) if need_weights else None
         return out, weights
-    tmax = max(lengths)
+    # The structure's flags and longest block, and the block count from q's size, not
+    # from the lengths: compiled, each length read would be a guard (a batch with
+    # another number of equal blocks would compile again).
+    tmax = s.longest
     mask = _window_mask(graph, tmax, q.device)
     is_causal = s.kind == "causal"
-    b = len(lengths)
-    if all(t == tmax for t in lengths):
+    if s.uniform:
+        b = n // tmax
         qb = q.view(b, tmax, h, c).transpose(1, 2)  # (B, H, T, C)
         kb = k.view(b, tmax, h, c).transpose(1, 2)  # (B, H, T, C)
         vb = v.view(b, tmax, h, cv).transpose(1, 2)  # (B, H, T, Cv)
