@@ -388,6 +388,11 @@ class _Blocks(NamedTuple):
     num_warps: int
 
 
+#: The most heads (columns) one tile spans, so that a tile of the 2K-element budget
+#: per program keeps up to 128 edge rows; wider inputs take more head blocks.
+_MAX_BLOCK_H = 16
+
+
 def _blocks(
     e: int,
     n: int,
@@ -397,7 +402,7 @@ def _blocks(
     chunk: int | None = None,
 ) -> _Blocks:
     """Tile sizes; the chunk is ``block_e * split_blocks``, or a plan's ``chunk``."""
-    block_h = min(triton.next_power_of_2(max(h, 1)), 16)
+    block_h = min(triton.next_power_of_2(max(h, 1)), _MAX_BLOCK_H)
     if block_e is None:
         # One tile per typical segment: the mean degree, rounded up to a power
         # of two, within [16, 2048 // BLOCK_H] rows (32 under the interpreter,
@@ -454,15 +459,14 @@ def _check(src: Tensor, ptr: Tensor, name: str, plan: TritonPlan | None) -> None
         )
 
 
-#: The most head blocks a launch takes: CUDA's grid y is at most 65535, and a block holds
-#: at most 16 heads (:func:`_blocks`).
+#: The most head blocks a launch takes: CUDA's grid y is at most 65535.
 _MAX_HEAD_BLOCKS = 65535
 
 
 def _too_wide(h: int) -> bool:
     """Whether ``h`` columns (over a million: a softmax along a short dim of a wide
     tensor) need more head blocks than a launch has; those take the torch reference."""
-    return triton.cdiv(h, 16) > _MAX_HEAD_BLOCKS
+    return triton.cdiv(h, _MAX_BLOCK_H) > _MAX_HEAD_BLOCKS
 
 
 def _as_2d(t: Tensor) -> Tensor:
