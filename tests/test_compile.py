@@ -207,33 +207,33 @@ def test_a_compiled_call_may_be_the_first_use_of_the_kernels() -> None:
 
 def test_compiled_backward_takes_the_eager_source_pass(monkeypatch) -> None:
     """Compiled, a small graph given as ``edge_index`` (built in the compiled region)
-    has its backward's source pass done serially over the CSR, as in eager mode (no
+    has its backward's source pass done over the CSR, as in eager mode (no
     transposed CSR made, in the graph or in the op); a prepared graph's transposed CSR
     is passed and read. Both give the eager gradients."""
     from gnnattn.kernels.cpu import op
 
-    serial = []
-    real = op.src_serial
+    csr_calls = []
+    real = op.src_csr
 
     def spy(*args: Any) -> Any:
-        serial.append(1)
+        csr_calls.append(1)
         return real(*args)
 
-    monkeypatch.setattr(op, "src_serial", spy)
+    monkeypatch.setattr(op, "src_csr", spy)
     torch.manual_seed(0)
     layer = TransformerConv(32, 8, heads=4, edge_dim=4)
     ei, graph = _sparse(40, seed=6, deg=2)
     ea = torch.randn(ei.shape[1], 4, generator=torch.Generator().manual_seed(7))
     x = torch.randn(40, 32, generator=torch.Generator().manual_seed(8))
     (want,) = torch.autograd.grad(layer(x.requires_grad_(), ei, ea).square().sum(), x)
-    for given, serial_calls in ((ei, 2), (graph, 0)):
-        serial.clear()
+    for given, expected in ((ei, 2), (graph, 0)):
+        csr_calls.clear()
         torch._dynamo.reset()
         compiled = torch.compile(lambda x, g: layer(x, g, ea), fullgraph=True, dynamic=True)
         for _ in range(2):
             (got,) = torch.autograd.grad(compiled(x, given).square().sum(), x)
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-        assert len(serial) == serial_calls
+        assert len(csr_calls) == expected
 
 
 def test_auto_picks_sdpa_compiled_on_a_structured_graph() -> None:

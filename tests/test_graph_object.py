@@ -119,8 +119,8 @@ def test_transposed_csr_built_once_per_graph(monkeypatch, host):
     import gnnattn.kernels.cpu as cpu_module
 
     calls = []
-    # Every graph's backward over the transposed CSR (not the small graphs' serial pass).
-    monkeypatch.setattr(cpu_module.backward, "SERIAL_SOURCE_PASS_MAX", 0)
+    # Every graph's backward over the transposed CSR (not the small graphs' pass over the CSR).
+    monkeypatch.setattr(cpu_module.backward, "CSR_SOURCE_PASS_MAX", 0)
     # On the host the CSC is made with its plan in one compiled pass; elsewhere
     # (and under compile) by transpose_csr.
     if host:
@@ -151,35 +151,35 @@ def test_transposed_csr_built_once_per_graph(monkeypatch, host):
 
 def test_small_graph_backward_makes_no_transposed_csr(monkeypatch):
     """A graph of little work (a batch of molecules) has its backward's source pass done
-    serially over the CSR: no transposed CSR is made, on the graph or in the op, and
+    over the CSR: no transposed CSR is made, on the graph or in the op, and
     the gradients are those of the pass over the transposed CSR (which recomputes the
     weights here, no bias or edge features: equal to rounding)."""
     import gnnattn.kernels.cpu as cpu_module
     from gnnattn.kernels.cpu import op
 
-    serial = []
-    real = op.src_serial
+    csr_calls = []
+    real = op.src_csr
 
     def spy(*args):
-        serial.append(1)
+        csr_calls.append(1)
         return real(*args)
 
     def no_transpose(*args, **kwargs):
         raise AssertionError("the op made a transposed CSR")
 
-    monkeypatch.setattr(op, "src_serial", spy)
+    monkeypatch.setattr(op, "src_csr", spy)
     monkeypatch.setattr(op, "transpose_csr", no_transpose)
     layer = layer64(backend="fused")
     ei = random_graph(12, 50)
     x = torch.randn(12, D, dtype=torch.float64)
     grads = []
-    for limit in (cpu_module.backward.SERIAL_SOURCE_PASS_MAX, 0):
-        monkeypatch.setattr(cpu_module.backward, "SERIAL_SOURCE_PASS_MAX", limit)
+    for limit in (cpu_module.backward.CSR_SOURCE_PASS_MAX, 0):
+        monkeypatch.setattr(cpu_module.backward, "CSR_SOURCE_PASS_MAX", limit)
         graph = AttentionGraph(ei, 12)
         xx = x.clone().requires_grad_()
         layer(xx, graph).sum().backward()
         assert (graph._csc is None) == (limit > 0)
-        assert len(serial) == 1  # the first call only
+        assert len(csr_calls) == 1  # the first call only
         grads.append([xx.grad, *(p.grad.clone() for p in layer.parameters())])
         layer.zero_grad()
     for a, b in zip(*grads, strict=True):

@@ -593,6 +593,48 @@ def test_options_in_float32_with_int32_ids():
 # ------------------------------------------------------------------ plans
 
 
+def test_csr_source_pass_same_bits_on_any_thread_count():
+    """The source pass over the CSR gives each thread a range of sources; each source's
+    terms still come in CSR order, so ``dk`` and ``dv`` are bitwise those of one thread
+    (and the scatter of the reference), with isolated and heavily used sources."""
+    import numba
+
+    gen = torch.Generator().manual_seed(3)
+    n, m, h, c, cv = 29, 37, 3, 5, 7
+    # Source 0 takes a third of the edges; sources 30.. none.
+    col = torch.cat(
+        [torch.zeros(40, dtype=torch.int64), torch.randint(0, 30, (80,), generator=gen)]
+    )
+    dst = torch.randint(0, n, (120,), generator=gen)
+    order = torch.argsort(dst, stable=True)
+    col, dst = col[order], dst[order]
+    ptr = torch.zeros(n + 1, dtype=torch.int64)
+    ptr[1:] = torch.bincount(dst, minlength=n).cumsum(0)
+    q = torch.randn(n, h, c, dtype=torch.float64, generator=gen)
+    go = torch.randn(n, h, cv, dtype=torch.float64, generator=gen)
+    dsp = torch.randn(120, 2 * h, dtype=torch.float64, generator=gen)
+    plan = plans._make_plan(ptr, col, m, None)
+    dk_ref = torch.zeros(m, h, c, dtype=torch.float64).index_add_(
+        0, col, 0.5 * dsp[:, :h, None] * q[dst]
+    )
+    dv_ref = torch.zeros(m, h, cv, dtype=torch.float64).index_add_(
+        0, col, dsp[:, h:, None] * go[dst]
+    )
+    threads = numba.get_num_threads()
+    try:
+        results = []
+        for t in range(1, numba.config.NUMBA_NUM_THREADS + 1):
+            numba.set_num_threads(t)
+            results.append(backward.src_csr(q, go, dsp, plan, 0.5, m))
+    finally:
+        numba.set_num_threads(threads)
+    for dk, dv in results:
+        torch.testing.assert_close(dk, dk_ref, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(dv, dv_ref, rtol=1e-12, atol=1e-12)
+        assert torch.equal(dk, results[0][0]) and torch.equal(dv, results[0][1])
+    assert not results[0][0][30:].any() and not results[0][1][30:].any()
+
+
 def test_cpu_has_the_reference_api():
     names = ["segment_softmax_fwd", "segment_softmax_bwd", "segment_ptr"]
     names += ["attention_fwd", "attention_bwd", "plan"]
@@ -624,7 +666,7 @@ def test_cpu_has_the_reference_api():
             "plan_tensors",
             "relu_dropout",
             "relu_dropout_bwd",
-            "serial_source_pass",
+            "csr_source_pass",
         ]
     )
 

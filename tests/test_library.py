@@ -141,10 +141,10 @@ def test_backward_without_the_transposed_csr(name: str, options: str, monkeypatc
     args = _attention_args(name, options, True, torch.float64)
     no_csc = (*args[:6], None, None, None, args[5].new_empty(0), *args[10:])
     results = []
-    cases = [(None, args), (cpu.backward.SERIAL_SOURCE_PASS_MAX, no_csc), (0, no_csc)]
+    cases = [(None, args), (cpu.backward.CSR_SOURCE_PASS_MAX, no_csc), (0, no_csc)]
     for limit, inputs in cases:
         if limit is not None:
-            monkeypatch.setattr(cpu.backward, "SERIAL_SOURCE_PASS_MAX", limit)
+            monkeypatch.setattr(cpu.backward, "CSR_SOURCE_PASS_MAX", limit)
         leaves = [
             a.detach().requires_grad_()
             if isinstance(a, torch.Tensor) and a.is_floating_point()

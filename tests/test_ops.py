@@ -349,8 +349,8 @@ def test_planning_once_per_graph(monkeypatch):
 
         return plan
 
-    # Every graph's backward over its transposed CSR (not a small graph's serial pass).
-    monkeypatch.setattr(cpu.backward, "SERIAL_SOURCE_PASS_MAX", 0)
+    # Every graph's backward over its transposed CSR (not a small graph's pass over the CSR).
+    monkeypatch.setattr(cpu.backward, "CSR_SOURCE_PASS_MAX", 0)
     # A graph on the host makes its CSR (and its CSC) with the plan in one pass.
     for name in ("plan_tensors", "csr_plan_tensors", "csc_plan_tensors"):
         monkeypatch.setattr(cpu, name, counting(getattr(cpu, name)))

@@ -140,19 +140,19 @@ def _per_head_edges(a: AttentionArgs) -> bool:
 
 def _needs_csc(q: Tensor, v: Tensor, graph: AttentionGraph) -> bool:
     """Whether the backward takes the transposed CSR: not where the device's kernels
-    do a small graph's source pass serially over the CSR (``serial_source_pass``: on
+    do a small graph's source pass over the CSR (``csr_source_pass``: on
     the CPU, a batch of molecules), so that a graph made per step never makes one.
 
     A compiled call does not compare the graph's size (a guard on it): it passes the
     transposed CSR where the graph holds its plan (:meth:`~AttentionGraph.prepare`),
     and otherwise none, so that the op takes the source pass the eager call would
-    take (serial, or over a transposed CSR it makes on a larger graph)."""
-    serial = getattr(kernels.get(q.device), "serial_source_pass", None)
-    if serial is None:
+    take (over the CSR, or over a transposed CSR it makes on a larger graph)."""
+    over_csr = getattr(kernels.get(q.device), "csr_source_pass", None)
+    if over_csr is None:
         return True
     if torch.compiler.is_compiling():
         return graph.kernel_plan("csc").numel() > 0
-    return not serial(graph.num_edges, q.shape[1], q.shape[2], v.shape[2])
+    return not over_csr(graph.num_edges, q.shape[1], q.shape[2], v.shape[2])
 
 
 @torch.no_grad()

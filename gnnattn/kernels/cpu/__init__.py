@@ -64,7 +64,7 @@ from .backward import (
     attention_bwd,
     attention_bwd_dst,
     attention_bwd_src,
-    serial_source_pass,
+    csr_source_pass,
 )
 from .blocks import block_attention_bwd, block_attention_fwd
 from .dropout import dropout, relu_dropout, relu_dropout_bwd
@@ -105,7 +105,7 @@ __all__ = [
     "segment_ptr",
     "segment_softmax_bwd",
     "segment_softmax_fwd",
-    "serial_source_pass",
+    "csr_source_pass",
 ]
 
 #: Whether ``attention_bwd`` reads the forward's ``out`` (and ``edge_out``): no, it

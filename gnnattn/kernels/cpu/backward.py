@@ -39,22 +39,24 @@ from .plans import (
     _threads,
 )
 
-__all__ = ["attention_bwd", "attention_bwd_dst", "attention_bwd_src", "serial_source_pass"]
+__all__ = ["attention_bwd", "attention_bwd_dst", "attention_bwd_src", "csr_source_pass"]
 
-#: The most work ``E * H * (C + Cv)`` (multiply-adds) whose source pass runs on one
-#: thread over the CSR (:func:`src_serial`) instead of over the transposed CSR.
-#: Measured on 2 cores (``TransformerConv(64, 16, heads=4, edge_dim=16)`` forward +
-#: backward on batches of molecules, 2026-12-06): with a graph made per batch the
-#: serial pass is 1-5% faster up to 4M (512 molecules), the transposed CSR's
-#: construction included; on a graph reused with its transposed CSR, level up to
-#: 16M. Kept at 1M (128 molecules): on more cores the parallel pass gains.
-SERIAL_SOURCE_PASS_MAX = 1 << 20
+#: The most work ``E * H * (C + Cv)`` (multiply-adds) whose source pass runs over the
+#: CSR (:func:`src_csr`: each thread a range of sources, reading every edge) instead
+#: of over the transposed CSR. Measured on 2 cores (``TransformerConv(64, 16, heads=4,
+#: edge_dim=16)`` forward + backward on batches of molecules, 2026-12-06, when the CSR
+#: pass ran on one thread): with a graph made per batch the CSR pass was 1-5% faster
+#: up to 4M (512 molecules), the transposed CSR's construction included; on a graph
+#: reused with its transposed CSR, level up to 16M. Kept at 1M (128 molecules): each
+#: thread of the CSR pass reads all the edges, so on many cores the transposed CSR's
+#: pass gains.
+CSR_SOURCE_PASS_MAX = 1 << 20
 
 
-def serial_source_pass(num_edges: int, heads: int, channels: int, value_channels: int) -> bool:
-    """Whether a graph's backward does its source pass serially over the CSR (its work is
-    at most :data:`SERIAL_SOURCE_PASS_MAX`), needing no transposed CSR."""
-    return num_edges * heads * (channels + value_channels) <= SERIAL_SOURCE_PASS_MAX
+def csr_source_pass(num_edges: int, heads: int, channels: int, value_channels: int) -> bool:
+    """Whether a graph's backward does its source pass over the CSR (its work is at most
+    :data:`CSR_SOURCE_PASS_MAX`), needing no transposed CSR."""
+    return num_edges * heads * (channels + value_channels) <= CSR_SOURCE_PASS_MAX
 
 
 def attention_bwd_dst(
@@ -179,7 +181,7 @@ def dst_pass(
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """:func:`_bwd_dst` on checked inputs (``drop``: ``None`` or dropping something);
     ``store``: ``dS`` (and with ``weights`` ``P``) stored even without a bias or edge
-    features, for :func:`src_serial`; ``grad_lse`` ``[N, H]``: the gradient of ``lse``
+    features, for :func:`src_csr`; ``grad_lse`` ``[N, H]``: the gradient of ``lse``
     (``None``: zero), folded into ``D_i`` (the second half of ``ld``)."""
     n, nh, cq = q.shape
     e = plan.num_edges
@@ -378,14 +380,14 @@ def src_pass(
     return dk.view(m, nh, cq), dv.view(m, nh, cv)
 
 
-def src_serial(
+def src_csr(
     q: Tensor, grad_out: Tensor, dsp: Tensor, plan: CPUPlan, scale: float, num_src: int
 ) -> tuple[Tensor, Tensor]:
-    """The source pass of a graph of at most :data:`SERIAL_SOURCE_PASS_MAX` work, from
-    the destination pass's ``[dS | P]`` ``[E, 2H]``, on the calling thread over the CSR:
-    the graph needs no transposed CSR (on a batch of molecules, made anew per step,
-    that costs more than the pass). ``dk`` ``[M, H, C]`` and ``dv`` ``[M, H, Cv]``
-    in the compute dtype."""
+    """The source pass of a graph of at most :data:`CSR_SOURCE_PASS_MAX` work, from
+    the destination pass's ``[dS | P]`` ``[E, 2H]``, over the CSR, each thread the
+    sources of its range: the graph needs no transposed CSR (on a batch of molecules,
+    made anew per step, that costs more than the pass). ``dk`` ``[M, H, C]`` and
+    ``dv`` ``[M, H, Cv]`` in the compute dtype."""
     n, nh, cq = q.shape
     cv = grad_out.shape[2]
     dt = acc_dtype(q.dtype)

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ...graphs.csr import transpose_csr
 from ..common import Dropout
-from .backward import dst_pass, results, serial_source_pass, src_pass, src_serial
+from .backward import csr_source_pass, dst_pass, results, src_csr, src_pass
 from .forward import forward
 from .plans import _make_plan, plan_from_tensors
 
@@ -70,8 +70,8 @@ def attention_bwd_op(
     contiguous tensors (``None`` where :func:`~.backward.attention_bwd` gives none).
 
     Without the transposed CSR (``tptr`` ``None``), a graph of at most
-    :data:`~.backward.SERIAL_SOURCE_PASS_MAX` work takes the serial source pass
-    over the CSR (:func:`~.backward.src_serial`); a larger one has its
+    :data:`~.backward.CSR_SOURCE_PASS_MAX` work takes the source pass
+    over the CSR (:func:`~.backward.src_csr`); a larger one has its
     transposed CSR made here.
     """
     ptr, col, plan, tptr, trow, tperm, csc_plan = layouts
@@ -87,7 +87,7 @@ def attention_bwd_op(
             csc = plan_from_tensors(tptr, trow, n, csc_plan, perm=tperm)
         else:
             csc = _make_plan(tptr, trow, n, tperm, check=False)
-    elif not serial_source_pass(col.shape[0], h, q.shape[2], v.shape[2]):
+    elif not csr_source_pass(col.shape[0], h, q.shape[2], v.shape[2]):
         tptr, trow, tperm = transpose_csr(ptr, col, m)
         csc = _make_plan(tptr, trow, n, tperm, check=False)
     dst = dst_pass(
@@ -112,7 +112,7 @@ def attention_bwd_op(
     del dst
     if csc is None:
         assert dsp is not None
-        dk, dv = src_serial(q, grad_out, dsp, csr, scale, m)
+        dk, dv = src_csr(q, grad_out, dsp, csr, scale, m)
     else:
         args = (scale, bias, drop, dsp, edge_attr, edge_query)
         dk, dv = src_pass(q, k, v, ld, grad_out, csc, csc.perm, *args)
