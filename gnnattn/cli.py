@@ -7,10 +7,10 @@ Each subcommand is a ``_cmd_NAME(args) -> int`` function registered in
 User errors never end in a traceback: an option out of range, a path that
 cannot be a folder, a device that is not there are refused while parsing (the
 ``type=`` functions below), and a ``ValueError`` out of a command (a
-combination of options the library refuses) is caught in :func:`main`. Both
-print one line, ``gnnattn COMMAND: message``, on stderr and end with status 2,
-argparse's convention (the parser's usage text is left out: ``--help`` shows
-it).
+combination of options the library refuses) or an ``OSError`` (a write that
+failed) is caught in :func:`main`. Both print one line, ``gnnattn COMMAND:
+message``, on stderr and end with status 2, argparse's convention (the parser's
+usage text is left out: ``--help`` shows it).
 """
 
 from __future__ import annotations
@@ -112,6 +112,32 @@ def _out_dir(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"expected a folder that can be made, got {text!r}: {found!r} is a file"
         )
+    return text
+
+
+def _make_out(out: str) -> None:
+    """Make the ``--out`` folder and write a probe file in it, so that a folder the
+    command cannot write in (no permission, a read-only or virtual file system) is
+    refused before a run of minutes, not by the first file after it."""
+    import tempfile
+
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        raise ValueError(f"--out: expected a folder to write in, got {out!r}: {err}") from err
+
+
+def _text(text: str) -> str:
+    """An argparse ``type=``: text that is UTF-8 (a shell passes other bytes as lone
+    surrogates, which no file or page can hold)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise argparse.ArgumentTypeError(
+            f"expected UTF-8 text, got bytes that are not UTF-8 at character {err.start}"
+        ) from None
     return text
 
 
@@ -246,10 +272,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         )
         tokens = tokens[:DEMO_MAX_TOKENS]
     out = args.out
-    try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as err:  # e.g. no permission; the parser ruled out a file in the way
-        raise ValueError(f"--out: expected a folder that can be made, got {out!r}: {err}") from err
+    _make_out(out)
     d, h = 16, 2
     x = _embed(tokens, d)
     torch.manual_seed(args.seed)
@@ -375,12 +398,7 @@ def _cmd_partition(args: argparse.Namespace) -> int:
             + (" (causal)" if graph.is_causal else "")
             + f"; {args.method} into {n_parts} parts in {seconds:.1f} s"
         )
-        try:
-            os.makedirs(args.out, exist_ok=True)
-        except OSError as err:  # e.g. no permission, or a file in the way
-            raise ValueError(
-                f"--out: expected a folder that can be made, got {args.out!r}: {err}"
-            ) from err
+        _make_out(args.out)
         paths = []
         for r in range(n_parts):
             progress.set_description(f"writing part {r + 1} of {n_parts}")
@@ -675,6 +693,7 @@ def _add_demo(sub: Any) -> None:
     )
     demo.add_argument(
         "--text",
+        type=_text,
         default="The bank of the river",
         help=f"the sentence; words past the first {DEMO_MAX_TOKENS} are dropped, saying so "
         "(default %(default)r)",
@@ -769,7 +788,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return done.code if isinstance(done.code, int) else 2
     try:
         return int(args.func(args))
-    except ValueError as err:
+    except (ValueError, OSError) as err:  # OSError: a write that failed (a full disk)
         message = (str(err).strip().splitlines() or [type(err).__name__])[0]
         print(f"gnnattn {args.command}: {message}", file=sys.stderr)
         return 2

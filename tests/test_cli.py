@@ -87,6 +87,36 @@ def test_demo_out_that_cannot_be_made_is_a_user_error(capsys, tmp_path, monkeypa
     assert "Permission denied" in err
 
 
+def test_demo_out_that_cannot_be_written_is_refused_before_the_run(capsys, tmp_path, monkeypatch):
+    # A folder that exists but takes no file (read-only, or /proc/sys): refused by a
+    # probe write before the comparison runs, not by the first PNG after it.
+    import tempfile
+
+    def refuse(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("the demo ran before its folder was checked")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    monkeypatch.setattr(cli, "_embed", no_run)
+    err = _one_line_error(capsys, ["demo", "--out", str(tmp_path)], "--out", "Read-only")
+    assert "expected a folder to write in" in err
+
+
+def test_a_failed_write_is_a_user_error(capsys, monkeypatch):
+    def full(args):
+        raise OSError(28, "No space left on device", "out/heatmap.png")
+
+    monkeypatch.setattr(cli, "_cmd_check", full)
+    _one_line_error(capsys, ["check"], "No space left on device", "out/heatmap.png")
+
+
+def test_text_that_is_not_utf8_is_a_user_error(capsys):
+    # A shell passes bytes that are not UTF-8 as lone surrogates.
+    _one_line_error(capsys, ["demo", "--text", "\udcff bank"], "--text", "not UTF-8")
+
+
 def test_an_empty_text_is_a_user_error(capsys):
     _one_line_error(capsys, ["demo", "--text", "   "], "--text is empty")
 
