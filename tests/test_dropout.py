@@ -104,8 +104,28 @@ def test_identity_when_off_and_fallbacks() -> None:
 def test_bad_p(p: float) -> None:
     with pytest.raises(ValueError, match="'p'"):
         dropout(torch.ones(3), p)
-    with pytest.raises(ValueError, match="'p'"):
-        Dropout(p)
+    if p != 1.0:  # the module takes torch.nn.Dropout's [0, 1]
+        with pytest.raises(ValueError, match="'p'"):
+            Dropout(p)
+    with pytest.raises(ValueError, match=r"'p' in \[0, 1\], got 1.5"):
+        Dropout(1.5)
+
+
+def test_module_takes_torch_dropouts_arguments() -> None:
+    """``p = 1`` (every element dropped, as torch: NaN and inf stay NaN) and ``inplace``."""
+    x = torch.tensor([1.0, -2.0, math.nan, math.inf])
+    want = torch.nn.Dropout(1.0)(x)
+    assert torch.equal(Dropout(1.0)(x).nan_to_num(7.0), want.nan_to_num(7.0))
+    assert torch.equal(Dropout(1.0).eval()(x).nan_to_num(7.0), x.nan_to_num(7.0))
+    y = torch.randn(1000)
+    z = y.clone()
+    torch.manual_seed(2)
+    out = Dropout(0.5, inplace=True)(z)
+    torch.manual_seed(2)
+    assert out is z and torch.equal(z, dropout(y, 0.5))
+    assert repr(Dropout(0.5, inplace=True)) == repr(torch.nn.Dropout(0.5, inplace=True))
+    with pytest.raises(TypeError, match="'inplace'"):
+        Dropout(0.5, inplace=1)  # type: ignore[arg-type]
 
 
 def test_module_is_a_torch_dropout() -> None:

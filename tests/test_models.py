@@ -165,15 +165,21 @@ def test_sequence_positions_and_sinusoids():
         SinusoidalPositionalEncoding(7)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_sinusoids_keep_their_frequencies_after_a_cast(dtype):
     """The frequencies are not a buffer that .half() would round: far positions keep
-    the float64 encoding, rounded once to the module's dtype."""
-    pos = torch.tensor([0, 10, 1000, 5000])
-    want = SinusoidalPositionalEncoding(16).encoding(pos)
-    got = SinusoidalPositionalEncoding(16).to(dtype)(torch.zeros(4, 16, dtype=dtype), pos)
+    the float64 encoding, rounded once to the input's dtype (float64 stays float64)."""
+    pos = torch.tensor([0, 10, 1000, 5000, 99_999])
+    want = SinusoidalPositionalEncoding(16).encoding(pos, torch.float64)
+    got = SinusoidalPositionalEncoding(16).to(dtype)(torch.zeros(5, 16, dtype=dtype), pos)
     assert got.dtype == dtype
-    torch.testing.assert_close(got.float(), want.to(dtype).float())
+    assert torch.equal(got, want.to(dtype))
+    k = torch.arange(0, 16, 2, dtype=torch.float64)
+    ang = pos.double()[:, None] * 10000.0 ** (-k / 16)  # (N, D/2)
+    exact = torch.stack([ang.sin(), ang.cos()], -1).view(5, 16)
+    # The two ways of writing the frequency differ by an ulp of float64, which an angle
+    # of 1e5 radians turns into about 1e-11: float32 would be off by 1e-3 there.
+    torch.testing.assert_close(want, exact, rtol=0, atol=1e-10)
 
 
 def test_learned_positions():
@@ -292,6 +298,16 @@ def test_state_dict_round_trip():
     x = torch.randn(6, D)
     assert torch.equal(model(x, ei, ea), other(x, ei, ea))
     assert "layers.0.self_attn.lin_edge.weight" in model.state_dict()
+
+
+def test_causal_stack_names_the_edge_attr_width_the_user_gave():
+    """A causal stack prunes edge_attr to the kept edges once; a wrong width is refused
+    before, in terms of the rows the user passed (not the 28 kept of 49)."""
+    model = GraphTransformer(1, D, H, causal=True, edge_dim=3)
+    with pytest.raises(ValueError, match=r"shape \[E, 3\] .* got \[49, 5\]"):
+        model(torch.randn(7, D), complete_graph(7), torch.randn(49, 5))
+    out = model(torch.randn(7, D), complete_graph(7), torch.randn(49, 3))
+    assert out.shape == (7, D)
 
 
 def test_autocast_bfloat16_on_cpu():

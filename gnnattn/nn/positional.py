@@ -119,22 +119,23 @@ class SinusoidalPositionalEncoding(torch.nn.Module):
         if self.base <= 0:  # log(base) below: a NaN encoding otherwise
             raise ValueError(f"Expected 'base' > 0, got {base}")
 
-    def encoding(self, pos: Tensor) -> Tensor:
-        """The ``[N, D]`` encodings of integer positions ``pos`` ``[N]`` (float32)."""
+    def encoding(self, pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The ``[N, D]`` encodings of integer positions ``pos`` ``[N]``, computed in
+        float64 and rounded once to ``dtype`` (default float32)."""
         # The frequencies made per call in float64 (D/2 numbers), not kept as a buffer:
         # .half() would round a buffer, and sin(pos * freq) at pos ~ 1e3 with it.
         k = torch.arange(0, self.embed_dim, 2, dtype=torch.float64, device=pos.device)
         inv_freq = torch.exp(-math.log(self.base) * k / self.embed_dim)  # (D/2,)
         ang = pos.to(torch.float64).view(-1, 1) * inv_freq.view(1, -1)  # (N, D/2)
         pe = torch.stack([ang.sin(), ang.cos()], dim=-1)  # (N, D/2, 2)
-        return pe.view(pos.shape[0], self.embed_dim).float()  # (N, D)
+        return pe.view(pos.shape[0], self.embed_dim).to(dtype)  # (N, D)
 
     def forward(
         self, x: Tensor, pos: Tensor | None = None, *, batch: Tensor | None = None
     ) -> Tensor:
         """``x + PE(pos)``; ``pos`` defaults to the positions within ``batch``'s sequences."""
         _check_x(x, self.embed_dim)
-        return x + self.encoding(_positions(x, pos, batch)).to(x.dtype)
+        return x + self.encoding(_positions(x, pos, batch), x.dtype)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.embed_dim})"

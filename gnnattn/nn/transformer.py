@@ -531,6 +531,14 @@ class GraphTransformer(torch.nn.Module):
             # Checked as the layers check it, then aligned with the graph's
             # edges once for every layer.
             check_tensor(edge_attr, "edge_attr")
+            # Its width before the pruning below, whose message would count kept rows.
+            edge_dim = self._layer(0).self_attn.edge_dim
+            if edge_dim is not None and (edge_attr.dim() != 2 or edge_attr.shape[1] != edge_dim):
+                raise ValueError(
+                    f"Expected 'edge_attr' of shape [E, {edge_dim}] (one row per edge of "
+                    f"edge_index; the layers have edge_dim={edge_dim}), got "
+                    f"{list(edge_attr.shape)}"
+                )
             if edge_index is None:
                 raise ValueError(
                     "Expected an explicit 'edge_index' with 'edge_attr' (its rows follow the "
