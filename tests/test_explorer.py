@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gnnattn import SelfAttentionConv, causal_graph, complete_graph, scatter_softmax
-from gnnattn.viz import AttentionExplorer, explore, top_k_per_target
+from gnnattn.viz import AttentionExplorer, attention_matrix, explore, top_k_per_target
 from gnnattn.viz.explorer import D3_VERSION
 
 
@@ -153,7 +153,7 @@ def test_labels_cannot_close_the_script():
 
 def test_bad_input():
     ei, alpha = complete_graph(3), torch.full((9, 2), 1 / 3)
-    with pytest.raises(ValueError, match="'alpha' of shape"):
+    with pytest.raises(ValueError, match=r"'alpha' \(layer 0\) of shape"):
         explore((ei, alpha[:-1]))
     with pytest.raises(ValueError, match="'tokens' to hold one label per node"):
         explore((ei, alpha), tokens=["a", "b"])
@@ -185,6 +185,85 @@ def test_bad_input():
         explore(alpha)
     with pytest.raises(ValueError, match="'edge_index'"):
         explore((ei[:, :4] + 5, alpha[:4]), num_nodes=3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "err", "match"),
+    [
+        # Checked before their length is read: an int or a generator has none.
+        ({"tokens": 5}, TypeError, "Expected 'tokens' to be a list of strings, got int"),
+        ({"tokens": (t for t in "abc")}, TypeError, "'tokens' to be a list.*got generator"),
+        ({"pos": 5}, TypeError, r"Expected 'pos' to be a mapping \{node: \(x, y\)\}.*got int"),
+        ({"pos": "abc"}, TypeError, "Expected 'pos' to be a mapping.*got str"),
+        ({"pos": [[0, 0], [1, 1], [2, "a"]]}, TypeError, "'pos' to hold real numbers"),
+        ({"pos": [[0, 0], [1], [2, 2]]}, ValueError, "'pos' to be .* pairs, got rows of diff"),
+        ({"pos": {0: (0, 0), 1: (1,), 2: (2, 2)}}, ValueError, r"'pos' of node 1 to be two num"),
+        ({"pos": {0: "ab", 1: (1, 1), 2: (2, 2)}}, TypeError, "'pos' of node 0 to be numbers"),
+        ({"scores": 5}, TypeError, "Expected 'scores' to be a Tensor or a list.*got int"),
+        ({"scores": np.zeros(9)}, TypeError, "'scores' to be a Tensor.*got ndarray"),
+        ({"hops": "x"}, TypeError, "'hops'"),
+        ({"hops": 0}, ValueError, "'hops'"),
+    ],
+)
+def test_argument_errors_name_the_argument(kwargs, err, match):
+    with pytest.raises(err, match=match):
+        explore((complete_graph(3), torch.full((9,), 1 / 3)), **kwargs)
+
+
+def test_layer_errors_name_the_layer_and_the_item():
+    ei, alpha = complete_graph(3), torch.full((9,), 1 / 3)
+    with pytest.raises(TypeError, match=r"Expected 'alpha' \(layer 0\) to be a Tensor, got list"):
+        explore((ei, [0.1] * 9))
+    with pytest.raises(TypeError, match=r"Expected 'edge_index' \(layer 0\) to be a Tensor, got"):
+        explore(([[0, 1], [1, 0]], torch.ones(2)))
+    with pytest.raises(ValueError, match=r"'alpha' \(layer 1\) of shape .* got \[8, 1\]"):
+        explore([(ei, alpha), (ei, torch.ones(8))])
+    with pytest.raises(ValueError, match=r"ids in 'edge_index' \(layer 1\)\[0\] below"):
+        explore([(ei, alpha), (ei + 1, alpha)], num_nodes=3)
+
+
+def test_alpha_without_heads_is_refused():
+    # [E, 0] passed every check, and the page threw before its first paint.
+    ei, none = complete_graph(3), torch.zeros(9, 0)
+    with pytest.raises(
+        ValueError, match=r"'alpha' \(layer 0\) to hold at least one head.*\[9, 0\]"
+    ):
+        explore((ei, none))
+    with pytest.raises(ValueError, match="'alpha' to hold at least one head"):
+        attention_matrix(ei, none)
+
+
+def test_a_border_row_keeps_its_full_row_statistics():
+    # 0 <- 1 <- {1, 2, 3}: around 0 with one hop keeps nodes 0 and 1, and of
+    # node 1's three incoming edges only its self-loop.
+    ei = torch.tensor([[1, 0, 1, 2, 3], [0, 0, 1, 1, 1]])
+    scores = torch.tensor([[0.0], [0.0], [0.0], [3.0], [1.0]])
+    alpha = scatter_softmax(scores, ei[1], 4)
+    lay = payload(explore((ei, alpha), scores=scores, around=0, hops=1))["layers"][0]
+    assert decode(lay["degree"], "<i4").tolist() == [2, 3]
+    assert decode(lay["amax"], "<f4")[1] == pytest.approx(float(alpha[3]))
+    assert decode(lay["asum"], "<f4")[1] == pytest.approx(1.0)
+    assert decode(lay["smax"], "<f4")[1] == 3.0
+    assert decode(lay["ssum"], "<f4")[1] == pytest.approx(float(torch.exp(scores[2:] - 3).sum()))
+    assert lay["cutRows"] is None  # cut by the neighbourhood, not by max_edges
+
+
+def test_rows_cut_by_max_edges_are_marked():
+    # Targets 0..3 have 6 incoming edges, targets 4 and 5 one each: k = 2 fits 10.
+    ei = torch.cat([complete_graph(6)[:, :24], torch.tensor([[0, 0], [4, 5]])], dim=1)
+    alpha = scatter_softmax(torch.randn(ei.shape[1], 1), ei[1], 6)
+    lay = payload(explore((ei, alpha), max_edges=10))["layers"][0]
+    assert decode(lay["cutRows"], "u1").tolist() == [1, 1, 1, 1, 0, 0]
+    assert decode(lay["degree"], "<i4").tolist() == [6, 6, 6, 6, 1, 1]
+    assert payload(explore((ei, alpha)))["layers"][0]["cutRows"] is None
+
+
+def test_counts_in_the_title_and_notes_agree_in_number():
+    one = explore((torch.zeros(2, 0, dtype=torch.long), torch.zeros(0)), num_nodes=1)
+    assert "1 node, 0 edges in 1 layer, 1 head" in one.html
+    assert "This graph has no edges (1 node)" in payload(one)["empty"]
+    two = explore((complete_graph(2), torch.full((4, 2), 0.5)))
+    assert "2 nodes, 4 edges in 1 layer, 2 heads" in two.html
 
 
 def test_option_types_are_checked():

@@ -601,3 +601,143 @@ def test_tooltip_follows_the_pointer_when_the_page_scrolls(open_page, sample):
     p.js("new Promise((ok) => requestAnimationFrame(() => requestAnimationFrame(ok)))")
     p.wait("true")
     _tooltip_tells_the_truth(p, x, y)
+
+
+# ------------------------------------- rows cut, rows without weight, duplicates, loops
+
+
+def _number(text: str, name: str) -> float:
+    """The number after ``name = `` in a tooltip (a list of numbers ends at its comma)."""
+    m = re.search(rf"{name} = ([-−0-9.e+]+)", text)
+    assert m is not None, text
+    return float(m.group(1).replace("−", "-"))
+
+
+def _focus(p: Page, i: int) -> str:
+    """Click node ``i`` in the graph; the text of its softmax table."""
+    p.tab.mouse.click(*p.js("(i) => gnnattnExplorer.nodePoint(i)", i))
+    p.wait(f"gnnattnExplorer.state().focus === {i}")
+    return p.tab.inner_text("#softmax")
+
+
+def test_a_border_row_shows_the_full_rows_max_and_sum(open_page):
+    # 0 <- 1 <- {1, 2, 3}: around 0 with one hop keeps nodes 0 and 1, and of
+    # node 1's three incoming edges only its self-loop. Its max and sum are
+    # the full row's, not the self-loop's alone.
+    ei = torch.tensor([[1, 0, 1, 2, 3], [0, 0, 1, 1, 1]])
+    scores = torch.tensor([[0.0], [0.0], [0.0], [3.0], [1.0]])
+    alpha = scatter_softmax(scores, ei[1], 4)
+    total = float(torch.exp(scores[2:, 0] - 3).sum())
+    for given, name in ((scores, "scored.html"), (None, "unscored.html")):
+        p = open_page(explore((ei, alpha), scores=given, around=0, hops=1), name)
+        text = p.hover(p.js("([i, j]) => gnnattnExplorer.cellPoint(i, j)", [1, 1]))
+        assert _number(text, "s − m_i") == pytest.approx(-3.0, abs=1e-3)
+        sum_name = r"Σ exp\(s − m_i\)" if given is not None else "1 / max α"
+        assert _number(text, sum_name) == pytest.approx(total, rel=1e-3)
+        assert "1 of 3 incoming edges kept" in text
+        assert "1 of its 3 incoming edges kept" in _focus(p, 1)
+        assert "outside the neighbourhood" in p.tab.inner_text("#softmax")
+
+
+def test_a_row_without_weight_shows_no_nan_or_inf(open_page):
+    # Without scores, s - m_i is ln alpha - ln max alpha: a row whose weights
+    # are all 0 (every edge into it masked) has no max, and showed NaN and inf.
+    torch.manual_seed(0)
+    layer = SelfAttentionConv(8, num_heads=2).eval()
+    ei = complete_graph(3)
+    bias = torch.zeros(9, 2)
+    bias[ei[1] == 1] = float("-inf")
+    with torch.no_grad():
+        _, (ei, alpha) = layer(torch.randn(3, 8), ei, attn_bias=bias, return_attention_weights=True)
+    assert float(alpha[ei[1] == 1].sum()) == 0.0
+    p = open_page(explore((ei, alpha), tokens=["a", "b", "c"]))
+    text = p.hover(p.js("([i, j]) => gnnattnExplorer.cellPoint(i, j)", [1, 0]))
+    assert "NaN" not in text and "= inf" not in text and "s − m_i = —" in text
+    _focus(p, 1)
+    cells = p.tab.locator("#softmax tbody td").all_inner_texts()
+    assert cells and "NaN" not in cells and cells.count("—") == 6  # 3 rows, 2 columns
+    foot = p.tab.locator("#softmax tfoot tr")
+    assert foot.count() == 1  # no max to subtract: only the sum
+    assert foot.nth(0).locator("td").all_inner_texts() == ["sum", "", "no weight", "0"]
+    # A node without incoming edges: no softmax at all.
+    lone = explore((torch.tensor([[0], [1]]), torch.ones(1)), tokens=["a", "b"])
+    p = open_page(lone, "lone.html")
+    assert "has no incoming edges" in _focus(p, 0)
+    assert p.tab.locator("#softmax table").count() == 0
+
+
+def _matrix_rgb(p: Page, i: int, j: int) -> list[int]:
+    """The colour of matrix cell (i, j) a third of a cell up-left of its centre, off its number."""
+    return p.js(
+        """([i, j]) => {
+        const c = document.getElementById('matrix'), r = c.getBoundingClientRect();
+        const a = gnnattnExplorer.cellPoint(i, j), b = gnnattnExplorer.cellPoint(i, j + 1);
+        const off = (b[0] - a[0]) / 3, d = window.devicePixelRatio;
+        const x = Math.round((a[0] - off - r.left) * d), y = Math.round((a[1] - off - r.top) * d);
+        return Array.from(c.getContext('2d').getImageData(x, y, 1, 1).data.slice(0, 3)); }""",
+        [i, j],
+    )
+
+
+def test_duplicate_edges_add_up_in_their_cell(open_page):
+    # attention_matrix and draw_heatmap add duplicates up; the cell showed one of them.
+    ei, a = torch.tensor([[0, 0, 1], [1, 1, 1]]), torch.tensor([0.25, 0.25, 0.5])
+    p = open_page(explore((ei, a), num_nodes=2))
+    text = p.hover(p.js("([i, j]) => gnnattnExplorer.cellPoint(i, j)", [1, 0]))
+    assert text.startswith("2 edges j → i") and "α = 0.2500 + 0.2500 = 0.5000" in text
+    assert float(p.tab.get_attribute("#tooltip", "data-alpha")) == 0.5
+    assert _matrix_rgb(p, 1, 0) == _matrix_rgb(p, 1, 1)  # the colour of 0.5, like 1 -> 1
+    text = p.hover(p.js("([i, j]) => gnnattnExplorer.cellPoint(i, j)", [1, 1]))
+    assert text.startswith("edge j → i") and "α = 0.5000   (head 0)" in text
+
+
+def test_a_cut_edge_cell_says_it_was_not_written(open_page, sample):
+    g = torch.Generator().manual_seed(0)
+    n = 6
+    ei = complete_graph(n)
+    alpha = scatter_softmax(torch.randn(n * n, 1, generator=g), ei[1], n)
+    p = open_page(explore((ei, alpha), max_edges=12))  # the 2 heaviest per target
+    drawn = p.drawn()
+    j, i = next((j, i) for j, i in ei.t().tolist() if (j, i) not in drawn)
+    text = p.hover(p.js("([i, j]) => gnnattnExplorer.cellPoint(i, j)", [i, j]))
+    assert " written: the row of " in text and "cut to its 2 heaviest incoming edges" in text
+    assert "in-degree 6 (2 kept)" in p.hover(p.js("(i) => gnnattnExplorer.nodePoint(i)", i))
+    assert "2 of its 6 incoming edges kept" in _focus(p, i)
+    # Where nothing was cut, a missing edge is not in the graph.
+    p = open_page(sample["page"], "causal.html")
+    text = p.hover(p.js("([i, j]) => gnnattnExplorer.cellPoint(i, j)", [0, 3]))
+    assert text.endswith(": not in the graph") and "written" not in text
+
+
+def _looped(layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Heavy self-loops on every node of a complete graph (circular) or of a
+    two-layer DAG four nodes high (layered)."""
+    if layout == "circular":
+        ei = complete_graph(6)
+    else:
+        pairs = [(j, i) for j in range(4) for i in range(4, 8)] + [(v, v) for v in range(8)]
+        ei = torch.tensor(pairs).t()
+    n = int(ei.max()) + 1
+    return ei, scatter_softmax(torch.where(ei[0] == ei[1], 3.0, 0.0), ei[1], n)
+
+
+@pytest.mark.parametrize("layout", ["circular", "layered"])
+def test_self_loops_stay_inside_the_canvas(open_page, layout):
+    # The fit held the nodes and arcs only: the loops of the outer nodes,
+    # 2.4 radii out, were cut by the canvas's edge.
+    page = explore(_looped(layout))
+    assert page.layout == layout
+    p = open_page(page)
+    painted = p.js(
+        """() => {
+        const c = document.getElementById('graph'), w = c.width, h = c.height;
+        const d = c.getContext('2d').getImageData(0, 0, w, h).data;
+        let edge = 0, all = 0;
+        for (let y = 0; y < h; y++) for (let x = 0; x < w; x++) {
+          if (d[4 * (y * w + x) + 3] === 0) continue;
+          all++;
+          if (x < 2 || y < 2 || x >= w - 2 || y >= h - 2) edge++;
+        }
+        return [edge, all]; }"""
+    )
+    assert painted[1] > 0 and painted[0] == 0, painted

@@ -2,6 +2,7 @@
 
 import io
 import time
+import warnings
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -18,6 +19,8 @@ from gnnattn import (
     sliding_window_graph,
     viz,
 )
+from gnnattn.viz import marks
+from gnnattn.viz.draw import MAX_TICK_CHARS
 
 # Files, not windows: the tests run headless.
 matplotlib.use("Agg")
@@ -191,6 +194,37 @@ def test_labels_fit_inside_their_circles():
     assert [t.get_text() for t in texts][:2] == ["river", "steep"]  # shrunk, not cut
 
 
+def test_long_labels_are_cut_fast_between_characters():
+    # One code point pair at a time, measuring the whole text at each step: a
+    # 1000-character token took 11 s, and a ZWJ sequence was cut inside.
+    t = time.perf_counter()
+    ax = viz.draw_attention(complete_graph(2), torch.full((4,), 0.5), tokens=["w" * 1000, "b"])
+    assert time.perf_counter() - t < 3.0
+    assert any(x.get_text().startswith("www") and x.get_text().endswith("…") for x in ax.texts)
+    family = "\U0001f469\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466"
+    for unit in (family, "\U0001f1eb\U0001f1f7", "e\u0301", "W", "\u0915\u094d\u0937"):
+        label = unit * 300
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # emoji glyphs missing from the font
+            text, size = marks.fitted(label, 60.0)
+        assert size == marks.MIN_FONT
+        kept = text[:-1] if text.endswith("…") else text
+        assert kept and len(kept) % len(unit) == 0 and label.startswith(kept), (unit, text)
+
+
+def test_heatmap_tick_labels_are_cut():
+    # Never shortened, a 20,000-character token made an image 210,070 px wide.
+    ax = viz.draw_heatmap(complete_graph(2), torch.full((4,), 0.5), tokens=["w" * 20_000, "b"])
+    ticks = [t.get_text() for t in ax.get_xticklabels()] + [
+        t.get_text() for t in ax.get_yticklabels()
+    ]
+    assert max(len(t) for t in ticks) == MAX_TICK_CHARS + 1 and "b" in ticks
+    buf = io.BytesIO()
+    ax.figure.savefig(buf, format="png", dpi=60, bbox_inches="tight")
+    buf.seek(0)
+    assert plt.imread(buf).shape[1] < 2000
+
+
 @pytest.mark.parametrize(
     ("kwargs", "err", "match"),
     [
@@ -205,6 +239,8 @@ def test_labels_fit_inside_their_circles():
         ({"tokens": [1, 2, 3]}, TypeError, "'tokens'.*int at index 0"),
         ({"around": 7}, ValueError, "'around'"),
         ({"around": 0, "hops": 0}, ValueError, "'hops'"),
+        ({"hops": 0}, ValueError, "'hops'"),  # even without 'around'
+        ({"hops": "x"}, TypeError, "'hops'"),
     ],
 )
 def test_drawing_argument_errors(kwargs, err, match):
@@ -214,6 +250,8 @@ def test_drawing_argument_errors(kwargs, err, match):
 
 def test_heatmap_argument_errors():
     ei, alpha = complete_graph(3), torch.full((9,), 1 / 3)
+    with pytest.raises(ValueError, match="'alpha' to hold at least one head"):
+        viz.draw_heatmap(ei, torch.zeros(9, 0))
     with pytest.raises(TypeError, match="'annotate'"):
         viz.draw_heatmap(ei, alpha, annotate="yes")
     with pytest.raises(TypeError, match="'title'"):

@@ -62,29 +62,56 @@ def check_weights(alpha: Tensor, where: str = "") -> None:
 
 
 def check_attention(
-    edge_index: Tensor, alpha: Tensor, num_nodes: int | None = None, tokens: Any = None
+    edge_index: Tensor,
+    alpha: Tensor,
+    num_nodes: int | None = None,
+    tokens: Any = None,
+    where: str = "",
 ) -> tuple[Tensor, Tensor, int]:
-    """``(edge_index int64, alpha [E, H] detached, N)`` after checking shapes and ids."""
+    """``(edge_index int64, alpha [E, H] detached, N)`` after checking shapes and ids.
+
+    ``where`` follows the argument's name in a message (e.g. ``" (layer 2)"``).
+    """
     if not isinstance(edge_index, Tensor):
-        raise TypeError(f"Expected 'edge_index' to be a Tensor, got {type(edge_index).__name__}")
+        raise TypeError(
+            f"Expected 'edge_index'{where} to be a Tensor, got {type(edge_index).__name__}"
+        )
     if not isinstance(alpha, Tensor):
-        raise TypeError(f"Expected 'alpha' to be a Tensor, got {type(alpha).__name__}")
+        raise TypeError(f"Expected 'alpha'{where} to be a Tensor, got {type(alpha).__name__}")
     if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-        raise ValueError(f"Expected 'edge_index' of shape [2, E], got {list(edge_index.shape)}")
+        raise ValueError(
+            f"Expected 'edge_index'{where} of shape [2, E], got {list(edge_index.shape)}"
+        )
     if alpha.dim() == 1:
         alpha = alpha.unsqueeze(-1)
     if alpha.dim() != 2 or alpha.shape[0] != edge_index.shape[1]:
         raise ValueError(
-            f"Expected 'alpha' of shape [E, H] or [E] with E={edge_index.shape[1]} (one row per "
-            f"edge of edge_index), got {list(alpha.shape)}"
+            f"Expected 'alpha'{where} of shape [E, H] or [E] with E={edge_index.shape[1]} (one "
+            f"row per edge of edge_index), got {list(alpha.shape)}"
+        )
+    if alpha.shape[1] == 0:
+        raise ValueError(
+            f"Expected 'alpha'{where} to hold at least one head ([E, H] with H >= 1), got "
+            f"{list(alpha.shape)}"
         )
     if not alpha.is_floating_point():
-        raise TypeError(f"Expected 'alpha' of a floating dtype, got {alpha.dtype}")
+        raise TypeError(f"Expected 'alpha'{where} of a floating dtype, got {alpha.dtype}")
     if tokens is not None:
         check_labels(tokens, "tokens")
     n = num_nodes_of(edge_index, num_nodes, tokens)
-    check_edge_index(edge_index, max(n, 1) if edge_index.numel() == 0 else n)
+    _check_ids(edge_index, n, where)
     return edge_index.long(), alpha.detach(), n
+
+
+def _check_ids(edge_index: Tensor, n: int, where: str) -> None:
+    """:func:`~gnnattn.graphs.check_edge_index`, its message saying ``where``."""
+    try:
+        check_edge_index(edge_index, max(n, 1) if edge_index.numel() == 0 else n)
+    except (TypeError, ValueError) as err:
+        if not where:
+            raise
+        # Its messages name the argument as 'edge_index': the layer goes right after it.
+        raise type(err)(str(err).replace("'edge_index'", f"'edge_index'{where}", 1)) from err
 
 
 def head_weights(alpha: Tensor, head: int | None) -> Tensor:

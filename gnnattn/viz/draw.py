@@ -41,11 +41,14 @@ from .convert import (
 from .layout import layout as node_layout
 from .limits import MAX_DRAWN_EDGES, MAX_DRAWN_NODES, MAX_MATRIX_NODES, check_readable
 from .neighbourhood import neighbourhood
-from .text import PLAIN, check_str, clean
+from .text import PLAIN, check_str, clean, shorten
 
 __all__ = ["draw_attention", "draw_attention_heads", "draw_heatmap", "draw_side_by_side"]
 
 Point = tuple[float, float]
+
+# The longest row or column label of a matrix, in characters; a longer one is cut with "…".
+MAX_TICK_CHARS = 24
 
 
 def _pyplot() -> Any:
@@ -97,6 +100,7 @@ def _select(
 
     In a neighbourhood the labels are the tokens or the original node ids.
     """
+    check_int(hops, "hops", min=1)  # even without 'around', where it is unused
     edge_index, alpha, n = check_attention(edge_index, alpha, num_nodes, tokens)
     check_weights(alpha)
     labels = labels_of(n, tokens)
@@ -270,7 +274,8 @@ def draw_heatmap(
 
     Cells without an edge are grey, so a missing edge is not mistaken for a
     weight of 0. The colour scale is fixed to [0, 1]. Rows and columns are
-    labelled (plain text) up to 64 nodes; more than 200 nodes are refused at
+    labelled (plain text) up to 64 nodes, a label longer than 24 characters
+    cut to its first 24 and an ellipsis; more than 200 nodes are refused at
     once with a ``ValueError`` (draw ``around`` a node instead).
 
     Args:
@@ -333,6 +338,8 @@ def _matrix_labels(ax: Any, labels: list[str]) -> None:
         return
     size = 10.0 if n <= 24 else 7.0
     slant = {"rotation": 45, "ha": "right"} if n > 4 else {}
+    # A tick label is not fitted to a box: a 20k-character token made a 210k-px-wide image.
+    labels = [shorten(t, MAX_TICK_CHARS) for t in labels]
     ax.set_xticks(range(n), labels, fontsize=size, **slant, **PLAIN)
     ax.set_yticks(range(n), labels, fontsize=size, **PLAIN)
 

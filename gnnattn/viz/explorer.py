@@ -11,9 +11,11 @@ On the page: the graph (edges :math:`j \to i`, width and opacity proportional
 to :math:`\alpha_{ij}`, never rescaled; the legend gives the scale) beside the
 ``N x N`` matrix (row = target, colour scale fixed to [0, 1]); hovering an edge
 or a cell shows the exact weight (4 significant digits), the score, the
-target's max and sum, and marks the same edge in the other view; clicking a
-token keeps only its incoming edges and shows its softmax step by step
-(subtract the max, exponentiate, divide by the sum); selectors pick the layer
+target's max and sum (of its whole row, also where a neighbourhood or
+``max_edges`` cut it), and marks the same edge in the other view; duplicate
+edges add up in their cell, as in :func:`~gnnattn.viz.attention_matrix`;
+clicking a token keeps only its incoming edges and shows its softmax step by
+step (subtract the max, exponentiate, divide by the sum); selectors pick the layer
 and the head (or the mean over heads, labelled as such); sliders keep the top
 k edges per target and hide weights below a minimum. Without ``scores`` the
 page still knows :math:`s_{ij} - m_i` exactly: :math:`\ln \alpha_{ij} - \ln
@@ -103,6 +105,18 @@ _RAD = MappingProxyType({"circular": 0.12, "layered": -0.45, "spring": 0.15, "gi
 
 
 @dataclass
+class _Rows:
+    """Each target's full row, before the neighbourhood's and ``max_edges``' cuts."""
+
+    stats: dict[str, Tensor]  # [N, H] float32: max and sum of alpha, m_i and sum exp(s - m_i)
+    degree: Tensor  # [N] int64: incoming edges
+
+    def take(self, nodes: Tensor) -> _Rows:
+        """The rows of ``nodes`` (a neighbourhood's original ids), in that order."""
+        return _Rows({k: v[nodes] for k, v in self.stats.items()}, self.degree[nodes])
+
+
+@dataclass
 class _Layer:
     """One layer, ready to write: edges sorted by target then source, maybe cut."""
 
@@ -110,8 +124,9 @@ class _Layer:
     edge_index: Tensor  # [2, E] int64
     alpha: Tensor  # [E, H] float32
     scores: Tensor | None  # [E, H] float32
-    stats: dict[str, Tensor]  # [H, N] float32, of the full rows (before any cut)
-    edges_in: int  # edges before the cut
+    rows: _Rows  # of the full rows, before any cut
+    edges_in: int  # edges before the max_edges cut
+    cut_rows: Tensor | None  # [N] bool: rows that max_edges cut (None: no cut)
     note: str | None
 
 
@@ -174,7 +189,7 @@ class AttentionExplorer:
 def _row_stats(
     edge_index: Tensor, alpha: Tensor, scores: Tensor | None, n: int
 ) -> dict[str, Tensor]:
-    """Per target and head: the max and sum of alpha, and of the scores m_i, sum exp(s - m_i)."""
+    """Per target and head, ``[N, H]``: max and sum of alpha, and m_i, sum exp(s - m_i)."""
     h = alpha.shape[1]
     dst = edge_index[1].view(-1, 1).expand(-1, h)
     zeros = alpha.new_zeros(n, h)
@@ -188,35 +203,51 @@ def _row_stats(
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         stats["smax"] = m
         stats["ssum"] = zeros.scatter_add(0, dst, torch.exp(scores - m[edge_index[1]]))
-    return {k: v.t().contiguous() for k, v in stats.items()}
+    return stats
+
+
+def _full_rows(edge_index: Tensor, alpha: Tensor, scores: Tensor | None, n: int) -> _Rows:
+    """The rows of a whole layer, as the softmax saw them."""
+    edge_index = edge_index.cpu()
+    stats = _row_stats(
+        edge_index, alpha.float().cpu(), None if scores is None else scores.float().cpu(), n
+    )
+    return _Rows(stats, torch.bincount(edge_index[1], minlength=n))
+
+
+def _fitting_k(deg: Tensor, max_edges: int) -> int:
+    """The largest k whose top k edges per target fit in ``max_edges`` (at least 1)."""
+    lo, hi = 1, int(deg.max())
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if int(deg.clamp(max=mid).sum()) <= max_edges else (lo, mid - 1)
+    return lo
 
 
 def _prepare(
     edge_index: Tensor,
     alpha: Tensor,
     scores: Tensor | None,
-    n: int,
+    rows: _Rows,
     name: str,
     max_edges: int,
 ) -> _Layer:
+    """One layer as the page reads it: cut to ``max_edges`` (top k per target), then sorted."""
+    n = rows.degree.numel()
     alpha = alpha.float().cpu()
     scores = None if scores is None else scores.detach().float().cpu().reshape(alpha.shape)
     edge_index = edge_index.cpu()
-    stats = _row_stats(edge_index, alpha, scores, n)
     e_in = edge_index.shape[1]
-    note = None
+    note, cut_rows = None, None
     if e_in > max_edges:
-        # The largest k whose top-k per target fits in max_edges (at least 1).
         deg = torch.bincount(edge_index[1], minlength=n)
-        lo, hi = 1, int(deg.max())
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if int(deg.clamp(max=mid).sum()) <= max_edges else (lo, mid - 1)
-        keep = top_k_per_target(edge_index, alpha, lo)
+        k = _fitting_k(deg, max_edges)
+        cut_rows = deg > k
+        keep = top_k_per_target(edge_index, alpha, k)
         edge_index, alpha = edge_index[:, keep], alpha[keep]
         scores = None if scores is None else scores[keep]
         note = (
-            f"{name}: {e_in:,} edges cut to the {lo} heaviest incoming edges of each target "
+            f"{name}: {e_in:,} edges cut to the {k} heaviest incoming edges of each target "
             f"(by the largest weight over the heads) before writing: {edge_index.shape[1]:,} "
             f"kept (max_edges={max_edges:,}); rows of cut targets sum to less than 1"
         )
@@ -228,8 +259,9 @@ def _prepare(
         edge_index=edge_index[:, order],
         alpha=alpha[order],
         scores=None if scores is None else scores[order],
-        stats=stats,
+        rows=rows,
         edges_in=e_in,
+        cut_rows=cut_rows,
         note=note,
     )
 
@@ -294,11 +326,16 @@ def _f32(t: Tensor) -> str:
     return _b64(t.numpy().astype("<f4"))
 
 
+def _count(k: int, noun: str) -> str:
+    """``"1 node"``, ``"2 nodes"``, ``"1,000 nodes"``."""
+    return f"{k:,} {noun}{'s' * (k != 1)}"
+
+
 def _empty_note(layers: list[_Layer], n: int) -> str | None:
     if n == 0:
         return "This graph is empty: no nodes and no edges."
     if all(lay.edge_index.shape[1] == 0 for lay in layers):
-        return f"This graph has no edges ({n} nodes): nothing to draw."
+        return f"This graph has no edges ({_count(n, 'node')}): nothing to draw."
     return None
 
 
@@ -312,30 +349,41 @@ def _matrix_note(n: int) -> str | None:
     )
 
 
+def _heads_first(t: Tensor) -> str:
+    """``[N, H]`` or ``[E, H]`` written as ``[H, N]`` or ``[H, E]``: one run per head."""
+    return _f32(t.t().contiguous())
+
+
+def _layer_payload(lay: _Layer, n: int, idx: str) -> dict[str, Any]:
+    src, dst = lay.edge_index[0], lay.edge_index[1]
+    rowptr = torch.zeros(n + 1, dtype=torch.int64)
+    rowptr[1:] = torch.cumsum(torch.bincount(dst, minlength=n), 0)
+    stats = lay.rows.stats
+    return {
+        "name": lay.name,
+        "heads": lay.alpha.shape[1],
+        "edgesIn": lay.edges_in,
+        "src": _b64(src.numpy().astype(idx)),
+        "rowptr": _b64(rowptr.numpy().astype("<i4")),
+        "alpha": _heads_first(lay.alpha),
+        "scores": None if lay.scores is None else _heads_first(lay.scores),
+        "amax": _heads_first(stats["amax"]),
+        "asum": _heads_first(stats["asum"]),
+        "smax": _heads_first(stats["smax"]) if "smax" in stats else None,
+        "ssum": _heads_first(stats["ssum"]) if "ssum" in stats else None,
+        # Each target's incoming edges in the whole layer: the page says "k of
+        # d kept" where the neighbourhood or max_edges cut its row.
+        "degree": _b64(lay.rows.degree.numpy().astype("<i4")),
+        # The rows max_edges cut: a missing cell there may be a cut edge.
+        "cutRows": None if lay.cut_rows is None else _b64(lay.cut_rows.numpy().astype("u1")),
+        "note": lay.note,
+    }
+
+
 def _payload(layers: list[_Layer], view: _View, xy: np.ndarray, layout: str) -> dict[str, Any]:
     n = len(view.labels)
     idx = "<u2" if n <= 65535 else "<i4"
-    out = []
-    for lay in layers:
-        src, dst = lay.edge_index[0], lay.edge_index[1]
-        rowptr = torch.zeros(n + 1, dtype=torch.int64)
-        rowptr[1:] = torch.cumsum(torch.bincount(dst, minlength=n), 0)
-        out.append(
-            {
-                "name": lay.name,
-                "heads": lay.alpha.shape[1],
-                "edgesIn": lay.edges_in,
-                "src": _b64(src.numpy().astype(idx)),
-                "rowptr": _b64(rowptr.numpy().astype("<i4")),
-                "alpha": _f32(lay.alpha.t().contiguous()),  # [H, E]: one run per head
-                "scores": None if lay.scores is None else _f32(lay.scores.t().contiguous()),
-                "amax": _f32(lay.stats["amax"]),
-                "asum": _f32(lay.stats["asum"]),
-                "smax": _f32(lay.stats["smax"]) if "smax" in lay.stats else None,
-                "ssum": _f32(lay.stats["ssum"]) if "ssum" in lay.stats else None,
-                "note": lay.note,
-            }
-        )
+    out = [_layer_payload(lay, n, idx) for lay in layers]
     return {
         "n": n,
         "idx": "u16" if idx == "<u2" else "i32",
@@ -396,8 +444,8 @@ def _default_title(layers: list[Any], view: _View) -> str:
     heads = max(lay.alpha.shape[1] for lay in layers)
     where = "" if view.around is None else f" around node {view.around} ({view.hops} in-hops)"
     return (
-        f"gnnattn attention explorer: {len(view.labels)} nodes{where}, {total:,} edges in "
-        f"{len(layers)} layer{'s' * (len(layers) > 1)}, {heads} head{'s' * (heads > 1)}"
+        f"gnnattn attention explorer: {_count(len(view.labels), 'node')}{where}, "
+        f"{_count(total, 'edge')} in {_count(len(layers), 'layer')}, {_count(heads, 'head')}"
     )
 
 
@@ -405,7 +453,7 @@ def _default_title(layers: list[Any], view: _View) -> str:
 class _View:
     """What the page shows: every node, or the neighbourhood ``around`` (renumbered)."""
 
-    layers: list[Any]  # (edge_index, alpha, scores) per layer, in the shown numbering
+    layers: list[Any]  # (edge_index, alpha, scores, _Rows) per layer, shown numbering
     labels: list[str]
     ids: list[int] | None  # original ids of a neighbourhood
     xy: np.ndarray | None  # given positions
@@ -471,14 +519,17 @@ def _view(
     labels = labels_of(n, tokens)
     xy = None if pos is None else positions_given(pos, n)
     groups = None if node_color is None else node_groups(node_color, n)
+    # The rows as the softmax saw them, before the neighbourhood cuts the
+    # border's: m_i and the sums are the full rows', and "k of d kept" needs d.
+    full = [(ei, a, s, _full_rows(ei, a, s, n)) for ei, a, s in checked]
     if around is None:
         s = None if structure is None else _undirected(structure, n)
-        return _View(checked, labels, None, xy, groups, None, hops, s)
+        return _View(full, labels, None, xy, groups, None, hops, s)
     nb = neighbourhood(checked[0][0], around, hops, n)
     layers = []
-    for ei, a, s in checked:
+    for ei, a, s, rows in full:
         sub = nb.edges(ei, a) if s is None else nb.edges(ei, a, s)
-        layers.append((sub[0], sub[1], None if s is None else sub[2]))
+        layers.append((sub[0], sub[1], None if s is None else sub[2], rows.take(nb.nodes)))
     if groups is not None:
         # Only the classes present in the neighbourhood, in the same order.
         sub = nb.rows(groups.of)
@@ -588,7 +639,7 @@ def explore(
     """
     pairs = as_layers(attentions)
     score_list = as_scores(scores, len(pairs))
-    names = check_options(len(pairs), layout, max_edges, layer_names, title)
+    names = check_options(len(pairs), layout, max_edges, layer_names, title, hops)
     n = count_nodes(pairs, num_nodes, tokens, pos)
     checked = checked_layers(pairs, score_list, n, tokens)
     bonds = _checked_structure(structure, n)
@@ -596,7 +647,8 @@ def explore(
     names = _short_labels(view, names)
     m = len(view.labels)
     layers = [
-        _prepare(ei, a, s, m, names[k], max_edges) for k, (ei, a, s) in enumerate(view.layers)
+        _prepare(ei, a, s, rows, names[k], max_edges)
+        for k, (ei, a, s, rows) in enumerate(view.layers)
     ]
     if view.xy is not None:
         xy, used = view.xy, "given"

@@ -8,7 +8,7 @@ before anything is computed.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,11 +23,13 @@ from .text import check_labels, check_str
 __all__: list[str] = []
 
 
-def as_layers(attentions: Any) -> list[tuple[Tensor, Tensor]]:
+def as_layers(attentions: Any) -> list[tuple[Any, Any]]:
+    # A 2-tuple holding a tensor is one (edge_index, alpha), whatever the other
+    # item is: check_attention then names the item that is wrong.
     one = (
         isinstance(attentions, tuple)
         and len(attentions) == 2
-        and all(isinstance(t, Tensor) for t in attentions)
+        and any(isinstance(t, Tensor) for t in attentions)
     )
     if one:
         return [attentions]
@@ -48,10 +50,14 @@ def as_scores(scores: Any, count: int) -> list[Tensor | None]:
         return [None] * count
     if isinstance(scores, Tensor):
         scores = [scores]
-    if not isinstance(scores, (list, tuple)) or len(scores) != count:
-        got = len(scores) if isinstance(scores, (list, tuple)) else type(scores).__name__
+    if not isinstance(scores, (list, tuple)):
+        raise TypeError(
+            "Expected 'scores' to be a Tensor or a list with one tensor (or None) per layer, "
+            f"got {type(scores).__name__}"
+        )
+    if len(scores) != count:
         raise ValueError(
-            f"Expected 'scores' to hold one tensor (or None) per layer ({count}), got {got}"
+            f"Expected 'scores' to hold one tensor (or None) per layer ({count}), got {len(scores)}"
         )
     return list(scores)
 
@@ -69,6 +75,33 @@ def check_values(alpha: Tensor, scores: Tensor | None, layer: int) -> None:
             raise ValueError(f"Expected 'scores' of layer {layer} without NaN or +inf")
 
 
+def _numbers(value: Any, what: str) -> np.ndarray:
+    """``value`` as a float64 array, after checking that it holds real numbers only."""
+    if isinstance(value, Tensor):
+        value = value.detach().cpu().numpy()
+    elif isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise TypeError(f"Expected {what} to be numbers (x, y), got {type(value).__name__}")
+    try:
+        arr = np.asarray(value)
+    except ValueError as err:  # rows of different lengths
+        raise ValueError(
+            f"Expected {what} to be (x, y) pairs, got rows of different lengths"
+        ) from err
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"Expected {what} to hold real numbers, got dtype {arr.dtype}")
+    return arr.astype(np.float64)
+
+
+def _pos_array(pos: Any) -> np.ndarray:
+    """``pos`` given as coordinates (not a mapping), as a float64 array of any shape."""
+    if not isinstance(pos, (Tensor, np.ndarray, Sequence)) or isinstance(pos, (str, bytes)):
+        raise TypeError(
+            "Expected 'pos' to be a mapping {node: (x, y)} or [N, 2] coordinates (a tensor, "
+            f"array or list), got {type(pos).__name__}"
+        )
+    return _numbers(pos, "'pos'")
+
+
 def positions_given(pos: Any, n: int) -> np.ndarray:
     if isinstance(pos, Mapping):
         missing = [v for v in range(n) if v not in pos]
@@ -76,11 +109,16 @@ def positions_given(pos: Any, n: int) -> np.ndarray:
             raise ValueError(
                 f"Expected 'pos' to place every node 0..{n - 1}, got none for {missing[:5]}"
             )
-        arr = np.array([pos[v] for v in range(n)], dtype=np.float64).reshape(n, -1)
+        rows = [_numbers(pos[v], f"'pos' of node {v}") for v in range(n)]
+        bad = next((v for v in range(n) if rows[v].shape != (2,)), None)
+        if bad is not None:
+            raise ValueError(
+                f"Expected 'pos' of node {bad} to be two numbers (x, y), got shape "
+                f"{list(rows[bad].shape)}"
+            )
+        arr = np.stack(rows) if rows else np.zeros((0, 2))
     else:
-        arr = (pos.detach().cpu().numpy() if isinstance(pos, Tensor) else np.asarray(pos)).astype(
-            np.float64
-        )
+        arr = _pos_array(pos)
     if arr.shape != (n, 2):
         raise ValueError(
             f"Expected 'pos' of shape [{n}, 2] (one (x, y) per node), got {list(arr.shape)}"
@@ -92,6 +130,10 @@ def positions_given(pos: Any, n: int) -> np.ndarray:
 
 def count_nodes(pairs: list[Any], num_nodes: int | None, tokens: Any, pos: Any) -> int:
     """``num_nodes``, or the most that the edges, ``tokens`` and ``pos`` imply."""
+    # Checked before their lengths are read: a generator or an int has none.
+    if tokens is not None:
+        check_labels(tokens, "tokens")
+    given = None if pos is None or isinstance(pos, Mapping) else _pos_array(pos)
     if num_nodes is not None:
         check_int(num_nodes, "num_nodes")
         return num_nodes
@@ -100,8 +142,8 @@ def count_nodes(pairs: list[Any], num_nodes: int | None, tokens: Any, pos: Any) 
         default=0,
     )
     n = max(n, len(tokens) if tokens is not None else 0)
-    if pos is not None and not isinstance(pos, Mapping):
-        n = max(n, len(pos))
+    if given is not None and given.ndim:
+        n = max(n, given.shape[0])
     return n
 
 
@@ -109,7 +151,7 @@ def checked_layers(pairs: list[Any], score_list: list[Any], n: int, tokens: Any)
     """Every layer's ``(edge_index, alpha, scores)`` checked, scores as ``[E, H]`` or ``None``."""
     checked = []
     for k, ((ei, a), s) in enumerate(zip(pairs, score_list, strict=True)):
-        ei, a, _ = check_attention(ei, a, n, tokens)
+        ei, a, _ = check_attention(ei, a, n, tokens, where=f" (layer {k})")
         if s is not None and not isinstance(s, Tensor):
             raise TypeError(
                 f"Expected 'scores' of layer {k} to be a Tensor, got {type(s).__name__}"
@@ -122,10 +164,12 @@ def checked_layers(pairs: list[Any], score_list: list[Any], n: int, tokens: Any)
 
 
 def check_options(
-    count: int, layout: Any, max_edges: Any, layer_names: Any, title: Any
+    count: int, layout: Any, max_edges: Any, layer_names: Any, title: Any, hops: Any
 ) -> list[str]:
     """The checks of the page's options; returns the layer names."""
     check_int(max_edges, "max_edges", min=1)
+    # Even without 'around': a wrong value is a mistake whether or not it is used.
+    check_int(hops, "hops", min=1)
     check_str(layout, "layout")
     if layout not in LAYOUTS:
         raise ValueError(

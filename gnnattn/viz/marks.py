@@ -11,10 +11,11 @@ with an ellipsis. Every string is drawn as plain text (:data:`~gnnattn.viz.text.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .text import PLAIN
+from .text import PLAIN, shorten, starts
 
 __all__: list[str] = []
 
@@ -136,7 +137,11 @@ def points_per_unit(ax: Any) -> float:
 
 
 def fitted(label: str, diameter: float) -> tuple[str, float]:
-    """``label`` and the font size (points) at which it fits in a circle ``diameter`` across."""
+    """``label`` and the font size (points) at which it fits in a circle ``diameter`` across.
+
+    A label too wide even at the smallest size keeps the most characters that
+    fit and an ellipsis, cut between characters (:func:`~gnnattn.viz.text.starts`).
+    """
     from matplotlib.font_manager import FontProperties
     from matplotlib.textpath import TextToPath
 
@@ -145,6 +150,8 @@ def fitted(label: str, diameter: float) -> tuple[str, float]:
     def width(s: str, size: float) -> float:
         return float(measure.get_text_width_height_descent(s, FontProperties(size=size), False)[0])
 
+    # A circle holds a dozen characters: measuring 100k of them would take seconds.
+    label = shorten(label)
     room = 0.86 * diameter
     size = min(MAX_FONT, 0.55 * diameter)
     if not label:
@@ -154,9 +161,28 @@ def fitted(label: str, diameter: float) -> tuple[str, float]:
     while w > room and size > MIN_FONT:
         size = max(MIN_FONT, size * 0.97 * room / w)
         w = width(label, size)
-    while len(label) > 1 and width(label, size) > room:
-        label = label[:-2] + "\u2026" if len(label) > 2 else label[0]
+    if w > room:
+        label = _cut_to_fit(label, lambda t: width(t, size) <= room)
     return label, max(size, MIN_FONT)
+
+
+def _cut_to_fit(label: str, fits: Callable[[str], bool]) -> str:
+    """The longest prefix of whole characters and an ellipsis that ``fits``; else the first one.
+
+    A longer prefix is never narrower, so a bisection over the character
+    boundaries measures log2 of the length, not the length.
+    """
+    b = starts(label)
+    best = label[: b[1]]
+    lo, hi = 1, len(b) - 2  # characters kept: never all of them
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        text = label[: b[mid]] + "\u2026"
+        if fits(text):
+            best, lo = text, mid + 1
+        else:
+            hi = mid - 1
+    return best
 
 
 def weight_label(ax: Any, xy: Point, w: float, boxed: bool) -> None:

@@ -24,7 +24,15 @@ from typing import Any
 
 from torch import Tensor
 
-__all__ = ["MAX_LABEL_CHARS", "PLAIN", "check_labels", "check_str", "clean", "shorten"]
+__all__ = [
+    "MAX_LABEL_CHARS",
+    "PLAIN",
+    "check_labels",
+    "check_str",
+    "clean",
+    "shorten",
+    "starts",
+]
 
 # Keyword arguments of matplotlib's Text: the string is drawn as it is.
 PLAIN = MappingProxyType({"parse_math": False, "usetex": False})
@@ -54,6 +62,35 @@ def _regional(c: str) -> bool:
     return 0x1F1E6 <= ord(c) <= 0x1F1FF
 
 
+def _joins(s: str, k: int) -> bool:
+    """``s[k]`` continues the character before it (``0 < k < len(s)``; flags aside)."""
+    # After a ZWJ or a virama (combining class 9: Indic conjuncts) the next
+    # code point joins the same character.
+    return _extends(s[k]) or s[k - 1] == _ZWJ or unicodedata.combining(s[k - 1]) == 9
+
+
+def starts(s: str) -> list[int]:
+    """Where each character as the reader sees it starts in ``s``, then ``len(s)``.
+
+    The same rules as :func:`shorten`: combining marks, selectors, skin tones,
+    ZWJ sequences and Indic conjuncts stay with their character, and regional
+    indicators pair into flags. A prefix ``s[:starts(s)[k]]`` is the first
+    ``k`` characters, never a part of one. Linear in ``len(s)``.
+
+    Example:
+        >>> starts("ab\u0301c")  # the accent is part of the b
+        [0, 1, 3, 4]
+    """
+    out = [0] if s else []
+    run = 0  # regional indicators just before k: an odd run pairs with s[k]
+    for k in range(1, len(s)):
+        run = run + 1 if _regional(s[k - 1]) else 0
+        if not (_joins(s, k) or (_regional(s[k]) and run % 2 == 1)):
+            out.append(k)
+    out.append(len(s))
+    return out
+
+
 def shorten(s: str, limit: int = MAX_LABEL_CHARS) -> str:
     """``s`` itself if it has at most ``limit`` code points, else a prefix and ``"\u2026"``.
 
@@ -72,18 +109,8 @@ def shorten(s: str, limit: int = MAX_LABEL_CHARS) -> str:
     """
     if len(s) <= limit:
         return s
-    cut = limit
-    # After a ZWJ or a virama (combining class 9: Indic conjuncts) the next
-    # code point joins the same character.
-    while cut > 0 and (
-        _extends(s[cut]) or s[cut - 1] == _ZWJ or unicodedata.combining(s[cut - 1]) == 9
-    ):
-        cut -= 1
-    if cut > 0 and _regional(s[cut]):
-        run = 0
-        while run < cut and _regional(s[cut - 1 - run]):
-            run += 1
-        cut -= run % 2  # an odd run before the cut: its last indicator pairs with s[cut]
+    # Whether limit starts a character depends only on what comes before it and s[limit].
+    cut = [k for k in starts(s[: limit + 1]) if k <= limit][-1]
     if cut == 0:
         cut = limit
     return s[:cut] + "\u2026"

@@ -92,13 +92,14 @@
     }
     return {
       name: L.name, H: L.heads, E: E, src: src, dst: dst, rowptr: rowptr, maxDeg: maxDeg,
-      edgesIn: L.edgesIn,
       alpha: decode(L.alpha, Float32Array), // [H, E], head-major
       scores: L.scores ? decode(L.scores, Float32Array) : null,
       amax: decode(L.amax, Float32Array), // [H, N]: max alpha of each full row
       asum: decode(L.asum, Float32Array),
       smax: L.smax ? decode(L.smax, Float32Array) : null, // [H, N]: m_i
       ssum: L.ssum ? decode(L.ssum, Float32Array) : null, // [H, N]: sum exp(s - m_i)
+      degree: decode(L.degree, Int32Array), // [N]: incoming edges of each full row
+      cutRows: L.cutRows ? decode(L.cutRows, Uint8Array) : null, // [N]: 1 where max_edges cut
       note: L.note,
       derived: new Map(),
     };
@@ -173,6 +174,30 @@
     while (e > L.rowptr[i] && L.src[e - 1] === j) e--;
     return e;
   }
+  // Edge e and its duplicates (same source, same target; adjacent, rows are
+  // sorted by source): [first, end). Each sends its own message, so the
+  // cell's weight is their sum, as in attention_matrix.
+  function runOf(L, e) {
+    const j = L.src[e], i = L.dst[e];
+    let end = e + 1;
+    while (end < L.rowptr[i + 1] && L.src[end] === j) end++;
+    return [findFirst(L, e, j, i), end];
+  }
+  // Calls cell(j, i, sum, shown) once per matrix cell with an edge: the sum
+  // of its edges' weights w, and whether any of them is shown.
+  function eachCell(L, w, cell) {
+    for (let e = 0; e < L.E;) {
+      const end = runOf(L, e)[1];
+      let sum = 0, shown = false;
+      for (let k = e; k < end; k++) { sum += w[k]; shown = shown || vis[k] === 1; }
+      cell(L.src[e], L.dst[e], sum, shown);
+      e = end;
+    }
+  }
+
+  // Incoming edges written for target i, and in the whole layer: fewer where
+  // a neighbourhood's border or max_edges cut the row.
+  function rowCount(L, i) { return { kept: L.rowptr[i + 1] - L.rowptr[i], full: L.degree[i] }; }
 
   // -------------------------------------------------------------- visibility
   let vis = new Uint8Array(0);
@@ -223,11 +248,49 @@
     c.style.width = w + "px"; c.style.height = h + "px";
   }
 
+  // Nodes with a self-loop in some layer: the loops are drawn outside the
+  // node, and the fitted box holds them whichever layer is shown.
+  const looped = (function () {
+    const seen = new Uint8Array(N), out = [];
+    for (const L of layers) {
+      for (let e = 0; e < L.E; e++) {
+        const i = L.dst[e];
+        if (L.src[e] === i && !seen[i]) { seen[i] = 1; out.push(i); }
+      }
+    }
+    return out;
+  })();
+  const FIT_PAD = 8; // px between the drawing and the canvas's edge
+
   function computeFit() {
     GW = Math.max(200, graphStack.clientWidth);
     GH = Math.max(200, graphStack.clientHeight);
     sizeCanvas(gCanvas, GW, GH); sizeCanvas(gOver, GW, GH);
-    // The box around the nodes and the apexes of the arcs of the first layer.
+    const box = worldBox();
+    centreX = (box.x0 + box.x1) / 2; centreY = (box.y0 + box.y1) / 2;
+    const w = Math.max(box.x1 - box.x0, 1e-9), h = Math.max(box.y1 - box.y0, 1e-9);
+    const flat = box.x1 - box.x0 < 1e-9 && box.y1 - box.y0 < 1e-9;
+    const spacing = nodeSpacing(), need = labelNeed();
+    // The nodes and loops take px whatever the scale, and the node radius
+    // follows the scale: a few rounds settle both (the scale only shrinks).
+    let s = flat ? 1 : Math.min((GW - 2 * FIT_PAD) / w, (GH - 2 * FIT_PAD) / h);
+    let o = null;
+    for (let round = 0; round < 4; round++) {
+      nodeR0 = radiusAt(s, spacing, need);
+      o = overhang(box, s, nodeR0);
+      if (flat) break;
+      const s1 = Math.min(Math.max(1, GW - 2 * FIT_PAD - o.l - o.r) / w,
+        Math.max(1, GH - 2 * FIT_PAD - o.t - o.b) / h);
+      if (s1 >= s * 0.999) break;
+      s = s1;
+    }
+    fit = { s: s,
+      ox: GW / 2 - (box.x0 * s - o.l + box.x1 * s + o.r) / 2,
+      oy: GH / 2 - (box.y0 * s - o.t + box.y1 * s + o.b) / 2 };
+  }
+
+  // The box around the nodes and the apexes of the arcs of the first layer, in layout units.
+  function worldBox() {
     let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
     function take(x, y) { if (x < x0) x0 = x; if (x > x1) x1 = x; if (y < y0) y0 = y; if (y > y1) y1 = y; }
     for (let i = 0; i < N; i++) take(wx[i], wy[i]);
@@ -239,36 +302,59 @@
       take((wx[i] + wx[j]) / 2 + rad * dy / 2, (wy[i] + wy[j]) / 2 - rad * dx / 2);
     }
     if (!isFinite(x0)) { x0 = y0 = -1; x1 = y1 = 1; }
-    const pad = 28;
-    const w = Math.max(x1 - x0, 1e-9), h = Math.max(y1 - y0, 1e-9);
-    const s = Math.min((GW - 2 * pad) / w, (GH - 2 * pad) / h);
-    const s2 = (x1 - x0 < 1e-9 && y1 - y0 < 1e-9) ? 1 : s;
-    fit = { s: s2, ox: GW / 2 - s2 * (x0 + x1) / 2, oy: GH / 2 - s2 * (y0 + y1) / 2 };
-    centreX = (x0 + x1) / 2; centreY = (y0 + y1) / 2;
-    // Node radius from the spacing of the nodes: 0.4 of the median distance
-    // to the nearest other node, between 2 and 16 px.
+    return { x0: x0, x1: x1, y0: y0, y1: y1 };
+  }
+
+  // The median distance from a node to its nearest other node, in layout
+  // units (null below two nodes).
+  function nodeSpacing() {
+    if (N < 2) return null;
     const pts = [];
-    for (let i = 0; i < N; i++) pts.push([wx[i] * fit.s + fit.ox, wy[i] * fit.s + fit.oy, i]);
-    let nn = [];
-    if (N > 1) {
-      const qt = d3.quadtree().addAll(pts);
-      for (const p of pts) {
-        qt.remove(p);
-        const q = qt.find(p[0], p[1]);
-        qt.add(p);
-        if (q) nn.push(Math.hypot(q[0] - p[0], q[1] - p[1]));
-      }
-      nn.sort(function (a, b) { return a - b; });
+    for (let i = 0; i < N; i++) pts.push([wx[i], wy[i]]);
+    const qt = d3.quadtree().addAll(pts), nn = [];
+    for (const p of pts) {
+      qt.remove(p);
+      const q = qt.find(p[0], p[1]);
+      qt.add(p);
+      if (q) nn.push(Math.hypot(q[0] - p[0], q[1] - p[1]));
     }
-    const med = nn.length ? nn[nn.length >> 1] : 40;
-    // Up to 16 px, or as wide as the longest label at 10 px needs (at most
-    // 30 px) where the nodes are far enough apart: "river" is read whole.
+    nn.sort(function (a, b) { return a - b; });
+    return nn.length ? nn[nn.length >> 1] : null;
+  }
+
+  // The radius the longest label at 10 px needs (at most 30 px).
+  function labelNeed() {
     const probe = gCanvas.getContext("2d");
     probe.font = "10px system-ui, sans-serif";
     let widest = 0;
     for (let i = 0; i < Math.min(N, 2000); i++) widest = Math.max(widest, probe.measureText(labels[i]).width);
-    const need = Math.min(30, widest / (2 * 0.84) + 1);
-    nodeR0 = Math.max(2, Math.min(Math.max(16, need), 0.4 * med));
+    return Math.min(30, widest / (2 * 0.84) + 1);
+  }
+
+  // Node radius at scale s: 0.4 of the median distance to the nearest other
+  // node, up to 16 px, or as wide as the longest label needs (at most 30 px)
+  // where the nodes are far enough apart: "river" is read whole.
+  function radiusAt(s, spacing, need) {
+    const med = spacing === null ? 40 : spacing * s;
+    return Math.max(2, Math.min(Math.max(16, need), 0.4 * med));
+  }
+
+  // How far the drawing reaches past the box scaled by s, in px on each side:
+  // the node circles with their hover ring, and the self-loops with their
+  // widest stroke (a loop's far side is 2.36 radii out from its node).
+  function overhang(box, s, r) {
+    const o = { l: 0, r: 0, t: 0, b: 0 };
+    function disc(x, y, ext) {
+      o.l = Math.max(o.l, ext - (x - box.x0 * s)); o.r = Math.max(o.r, x + ext - box.x1 * s);
+      o.t = Math.max(o.t, ext - (y - box.y0 * s)); o.b = Math.max(o.b, y + ext - box.y1 * s);
+    }
+    for (let i = 0; i < N; i++) disc(wx[i] * s, wy[i] * s, r + 4);
+    const loop = loopShape(r), stroke = MAX_WIDTH / 2 + 1;
+    for (const i of looped) {
+      const d = loopDir(i);
+      disc(wx[i] * s + d[0] * loop.offset, wy[i] * s + d[1] * loop.offset, loop.radius + stroke);
+    }
+    return o;
   }
 
   function project() {
@@ -286,15 +372,17 @@
   }
   // A self-loop: a circle just outside the node, away from the centre.
   function loopOf(i) {
-    const r = nodeR(), lr = 0.8 * r;
-    let dx, dy;
-    if (D.layout === "layered") { dx = 0; dy = 1; } else {
-      const cx = T.k * (centreX * fit.s + fit.ox) + T.x, cy = T.k * (centreY * fit.s + fit.oy) + T.y;
-      dx = sx[i] - cx; dy = sy[i] - cy;
-      const nrm = Math.hypot(dx, dy);
-      if (nrm > 1e-9) { dx /= nrm; dy /= nrm; } else { dx = 0; dy = -1; }
-    }
-    return [sx[i] + dx * (r + 0.7 * lr), sy[i] + dy * (r + 0.7 * lr), lr];
+    const loop = loopShape(nodeR()), d = loopDir(i);
+    return [sx[i] + d[0] * loop.offset, sy[i] + d[1] * loop.offset, loop.radius];
+  }
+  // A loop of a node of radius r: its circle's radius and its centre's distance from the node's.
+  function loopShape(r) { return { radius: 0.8 * r, offset: r + 0.7 * 0.8 * r }; }
+  // Where node i's loop goes: below a layered row, else away from the centre
+  // (zooming and panning scale the picture alike: the same direction).
+  function loopDir(i) {
+    if (D.layout === "layered") return [0, 1];
+    const dx = wx[i] - centreX, dy = wy[i] - centreY, nrm = Math.hypot(dx, dy);
+    return nrm > 1e-9 ? [dx / nrm, dy / nrm] : [0, -1];
   }
 
   function tracePath(ctx, e) {
@@ -506,12 +594,12 @@
     const img = ictx.createImageData(N, N);
     const px = img.data;
     for (let p = 0; p < px.length; p += 4) { px[p] = 221; px[p + 1] = 221; px[p + 2] = 221; px[p + 3] = 255; }
-    for (let e = 0; e < L.E; e++) {
-      const p = 4 * (L.dst[e] * N + L.src[e]);
-      const l = 3 * level(w[e]);
-      const lut = vis[e] ? blues : pale;
+    eachCell(L, w, function (j, i, sum, shown) {
+      const p = 4 * (i * N + j);
+      const l = 3 * level(sum);
+      const lut = shown ? blues : pale;
       px[p] = lut[l]; px[p + 1] = lut[l + 1]; px[p + 2] = lut[l + 2];
-    }
+    });
     ictx.putImageData(img, 0, 0);
     ctx.imageSmoothingEnabled = false;
     ctx.drawImage(mImage, M.left, M.top, M.cell * N, M.cell * N);
@@ -555,10 +643,10 @@
       }
       if (N <= 12) {
         ctx.textAlign = "center"; ctx.font = "10px system-ui, sans-serif";
-        for (let e = 0; e < L.E; e++) {
-          ctx.fillStyle = w[e] > 0.6 ? "#fff" : "#000";
-          ctx.fillText(w[e].toFixed(2), M.left + (L.src[e] + 0.5) * M.cell, M.top + (L.dst[e] + 0.5) * M.cell);
-        }
+        eachCell(L, w, function (j, i, sum) {
+          ctx.fillStyle = sum > 0.6 ? "#fff" : "#000";
+          ctx.fillText(sum.toFixed(2), M.left + (j + 0.5) * M.cell, M.top + (i + 0.5) * M.cell);
+        });
       }
     }
   }
@@ -644,42 +732,101 @@
     const a = L.alpha.subarray(h * L.E, (h + 1) * L.E);
     const amax = L.amax[h * N + i], asum = L.asum[h * N + i];
     if (L.scores) {
-      return { scored: true, m: L.smax[h * N + i], sum: L.ssum[h * N + i], asum: asum,
+      return { scored: true, known: true, m: L.smax[h * N + i], sum: L.ssum[h * N + i], asum: asum,
         s: function (e) { return L.scores[h * L.E + e]; },
         shifted: function (e) { return L.scores[h * L.E + e] - L.smax[h * N + i]; }, a: a };
     }
     // Without scores, s - m_i is still known exactly: alpha = exp(s - m) / Z
     // gives ln alpha - ln max alpha = s - m, and Z = sum exp(s - m) = 1 / max alpha.
-    return { scored: false, m: NaN, sum: 1 / amax, asum: asum, s: null,
+    // Not in a row whose weights are all 0 (every score -inf, as a fully
+    // masked attn_bias gives, or no incoming edge): there is no max to divide by.
+    return { scored: false, known: amax > 0, m: NaN, sum: 1 / amax, asum: asum, s: null,
       shifted: function (e) { return Math.log(a[e]) - Math.log(amax); }, a: a };
+  }
+
+  // The edges j -> i of edge e: itself, or it and its duplicates.
+  function runEdges(L, e) {
+    const run = runOf(L, e), es = [];
+    for (let k = run[0]; k < run[1]; k++) es.push(k);
+    return es;
+  }
+  // The weight of edge e's matrix cell: the sum over its duplicates.
+  function cellWeight(L, e) {
+    const w = weightsOf(L, S.head);
+    let sum = 0;
+    for (const k of runEdges(L, e)) sum += w[k];
+    return sum;
   }
 
   function edgeText(e) {
     const L = cur();
     const j = L.src[e], i = L.dst[e];
-    const lines = ["edge j \u2192 i: " + labelOf(j) + " \u2192 " + labelOf(i) + "   [" + L.name + "]" +
-      (vis[e] ? "" : "   (hidden by a filter)")];
+    const es = runEdges(L, e), many = es.length > 1;
+    const hidden = es.filter(function (k) { return !vis[k]; }).length;
+    const lines = [(many ? es.length + " edges" : "edge") + " j \u2192 i: " + labelOf(j) + " \u2192 " +
+      labelOf(i) + "   [" + L.name + "]" +
+      (hidden === 0 ? "" : "   (" + (many ? hidden + " " : "") + "hidden by a filter)")];
     if (isStructure(j, i)) lines.push("also an edge of the given structure");
+    // Each duplicate's value, or the one edge's.
+    function each(f) { return es.map(function (k) { return fmt(f(k)); }).join(", "); }
+    function weight(w, what) {
+      if (!many) return "\u03b1 = " + fmt(w[e]) + "   (" + what + ")";
+      let sum = 0;
+      for (const k of es) sum += w[k];
+      return "\u03b1 = " + es.map(function (k) { return fmt(w[k]); }).join(" + ") + " = " + fmt(sum) +
+        "   (" + what + "; duplicate edges add up, as in attention_matrix)";
+    }
     if (S.head < 0) {
-      const w = weightsOf(L, -1)[e];
-      lines.push("\u03b1 = " + fmt(w) + "   (mean over " + L.H + " heads, not one head's softmax)");
+      lines.push(weight(weightsOf(L, -1), "mean over " + L.H + " heads, not one head's softmax"));
       const per = [];
-      for (let h = 0; h < L.H; h++) per.push(fmt(L.alpha[h * L.E + e]));
+      for (let h = 0; h < L.H; h++) {
+        let x = 0;
+        for (const k of es) x += L.alpha[h * L.E + k];
+        per.push(fmt(x));
+      }
       lines.push("per head: " + per.join(", "));
       return lines.join("\n");
     }
     const f = rowFacts(L, S.head, i);
-    lines.push("\u03b1 = " + fmt(f.a[e]) + "   (head " + S.head + ")");
+    lines.push(weight(f.a, "head " + S.head));
     if (f.scored) {
-      lines.push("score s = " + fmt(f.s(e)));
+      lines.push("score s = " + each(f.s));
       lines.push("target max m_i = " + fmt(f.m));
-      lines.push("s \u2212 m_i = " + fmt(f.shifted(e)) + ",  exp(s \u2212 m_i) = " + fmt(Math.exp(f.shifted(e))));
+      lines.push("s \u2212 m_i = " + each(f.shifted) + ",  exp(s \u2212 m_i) = " +
+        each(function (k) { return Math.exp(f.shifted(k)); }));
       lines.push("target sum \u03a3 exp(s \u2212 m_i) = " + fmt(f.sum));
-    } else {
-      lines.push("s \u2212 m_i = " + fmt(f.shifted(e)) + "   (ln \u03b1 \u2212 ln max \u03b1; scores not given)");
+    } else if (f.known) {
+      lines.push("s \u2212 m_i = " + each(f.shifted) + "   (ln \u03b1 \u2212 ln max \u03b1; scores not given)");
       lines.push("target sum \u03a3 exp(s \u2212 m_i) = 1 / max \u03b1 = " + fmt(f.sum));
+    } else {
+      lines.push("s \u2212 m_i = \u2014,  target sum: no weight");
+      lines.push(ZERO_ROW);
+    }
+    const c = rowCount(L, i);
+    if (c.kept < c.full) {
+      lines.push("row cut: " + c.kept + " of " + c.full + " incoming edges kept (" + cutWhy(L, i) +
+        "); the max and the sum are the full row's");
     }
     return lines.join("\n");
+  }
+  const ZERO_ROW = "every weight of this target is 0 (every score \u2212inf, e.g. masked by " +
+    "attn_bias): without scores= the shifts cannot be read from \u03b1";
+  // Why a row has fewer edges on the page than in the layer.
+  function cutWhy(L, i) {
+    const top = L.cutRows !== null && L.cutRows[i] === 1, nb = ids !== null;
+    if (top && nb) return "cut to the neighbourhood, then to its heaviest edges before writing (max_edges)";
+    return top ? "cut to its heaviest edges before writing (max_edges)"
+      : "its other sources lie outside the neighbourhood";
+  }
+  // A matrix cell without a written edge: not in the graph, or cut by max_edges.
+  function missingText(L, j, i) {
+    let t = "no edge " + labelOf(j) + " \u2192 " + labelOf(i);
+    if (L.cutRows !== null && L.cutRows[i] === 1) {
+      t += " written: the row of " + labelOf(i) + " was cut to its " + rowCount(L, i).kept +
+        " heaviest incoming edges before writing (max_edges), so this edge was cut, or is not in the graph";
+    } else t += ": not in the graph";
+    if (isStructure(j, i)) t += "\n(an edge of the given structure, without attention)";
+    return t;
   }
 
   const tip = d3.select("#tooltip");
@@ -722,38 +869,43 @@
         "matrix) to see its incoming edges and its softmax step by step.");
       return;
     }
-    const L = cur(), i = S.focus;
-    const a0 = L.rowptr[i], a1 = L.rowptr[i + 1];
+    const L = cur(), i = S.focus, c = rowCount(L, i);
+    if (c.full === 0) { // nothing was normalized: no max, no sum
+      box.append("div").style("font-weight", 600)
+        .text("target " + labelOf(i) + " has no incoming edges: no softmax");
+      return;
+    }
     const w = weightsOf(L, S.head);
     const edges = [];
-    for (let e = a0; e < a1; e++) edges.push(e);
+    for (let e = L.rowptr[i]; e < L.rowptr[i + 1]; e++) edges.push(e);
     edges.sort(function (p, q) { return w[q] - w[p] || p - q; });
-    let title = "softmax of target " + labelOf(i) + ": its " + (a1 - a0) + " incoming edges (one row)";
-    if (L.edgesIn > L.E) title += "; the row was cut before writing, \u03a3 \u03b1 shown < 1 where edges were dropped";
+    let title = "softmax of target " + labelOf(i) + ": " + (c.kept < c.full
+      ? c.kept + " of its " + c.full + " incoming edges kept" : "its " + c.full + " incoming edges") + " (one row)";
+    if (c.kept < c.full) {
+      title += "; " + cutWhy(L, i) + ", so the \u03b1 shown sum to less than the whole row's; the max and the " +
+        "sum are the full row's";
+    }
     box.append("div").style("font-weight", 600).text(title);
+    const f = S.head >= 0 ? rowFacts(L, S.head, i) : null;
+    if (!f) {
+      box.append("div").attr("class", "hint").text("mean over heads: an average of " + L.H +
+        " softmaxes, not a softmax itself; pick a head for the subtract-the-max steps");
+    } else if (!f.known) box.append("div").attr("class", "hint").text(ZERO_ROW);
+    const cols = !f ? ["source j", "\u03b1 (mean)"]
+      : f.scored ? ["source j", "s = q\u00b7k", "s \u2212 max", "exp(s \u2212 max)", "\u03b1"]
+        : ["source j", "s \u2212 max", "exp(s \u2212 max)", "\u03b1"];
     const table = box.append("table");
     const head = table.append("thead").append("tr");
-    let cols;
-    if (S.head < 0) {
-      box.insert("div", "table").attr("class", "hint").text("mean over heads: an average of " + L.H +
-        " softmaxes, not a softmax itself; pick a head for the subtract-the-max steps");
-      cols = ["source j", "\u03b1 (mean)"];
-    } else {
-      const f = rowFacts(L, S.head, i);
-      cols = f.scored ? ["source j", "s = q\u00b7k", "s \u2212 max", "exp(s \u2212 max)", "\u03b1"]
-        : ["source j", "s \u2212 max", "exp(s \u2212 max)", "\u03b1"];
-    }
     cols.forEach(function (c) { head.append("th").text(c); });
     const body = table.append("tbody");
-    const f = S.head >= 0 ? rowFacts(L, S.head, i) : null;
     edges.slice(0, TABLE_ROWS).forEach(function (e) {
       const tr = body.append("tr").attr("data-src", L.src[e]).classed("hidden-edge", !vis[e]);
       const who = labelOf(L.src[e]) + (vis[e] ? "" : " (hidden)");
       tr.append("td").text(who).attr("title", who); // whole, where the column cuts it
       if (f) {
         if (f.scored) tr.append("td").text(fmt(f.s(e)));
-        tr.append("td").text(fmt(f.shifted(e)));
-        tr.append("td").text(fmt(Math.exp(f.shifted(e))));
+        tr.append("td").text(f.known ? fmt(f.shifted(e)) : "\u2014");
+        tr.append("td").text(f.known ? fmt(Math.exp(f.shifted(e))) : "\u2014");
       }
       tr.append("td").attr("class", "alpha").text(fmt(w[e]));
     });
@@ -765,20 +917,27 @@
     }
     let total = 0;
     for (const e of edges) total += w[e];
-    const foot = table.append("tfoot");
-    if (f) {
+    tableFoot(table.append("tfoot"), f, total);
+  }
+
+  // The max and the sum of the row (of the full row, where it was cut), and Σ α shown.
+  function tableFoot(foot, f, total) {
+    if (!f) {
+      const r = foot.append("tr");
+      r.append("td").text("sum"); r.append("td").text(fmt(total));
+      return;
+    }
+    if (f.known) { // a row without weight has no max to subtract
       const r1 = foot.append("tr");
       r1.append("td").text(f.scored ? "max m_i" : "max");
       if (f.scored) r1.append("td").text(fmt(f.m));
       r1.append("td").text("0"); r1.append("td").text("1"); r1.append("td").text("");
-      const r2 = foot.append("tr");
-      r2.append("td").text("sum");
-      if (f.scored) r2.append("td").text("");
-      r2.append("td").text(""); r2.append("td").text(fmt(f.sum)); r2.append("td").text(fmt(total));
-    } else {
-      const r = foot.append("tr");
-      r.append("td").text("sum"); r.append("td").text(fmt(total));
     }
+    const r2 = foot.append("tr");
+    r2.append("td").text("sum");
+    if (f.scored) r2.append("td").text("");
+    r2.append("td").text(""); r2.append("td").text(f.known ? fmt(f.sum) : "no weight");
+    r2.append("td").text(fmt(total));
   }
 
   // ---------------------------------------------------------------- updates
@@ -926,13 +1085,14 @@
     const L = cur();
     if (node >= 0) {
       S.hover = { node: node, edge: -1, cell: null };
-      showTip(labelOf(node) + "\nin-degree " + (L.rowptr[node + 1] - L.rowptr[node]) +
+      const c = rowCount(L, node);
+      showTip(labelOf(node) + "\nin-degree " + c.full + (c.kept < c.full ? " (" + c.kept + " kept)" : "") +
         "; click for its incoming edges and softmax", ev, {});
     } else {
       const e = pickEdge(px, py);
       if (e >= 0) {
         S.hover = { node: -1, edge: e, cell: [L.dst[e], L.src[e]] };
-        showTip(edgeText(e), ev, { edge: L.src[e] + "," + L.dst[e], alpha: String(weightsOf(L, S.head)[e]) });
+        showTip(edgeText(e), ev, { edge: L.src[e] + "," + L.dst[e], alpha: String(cellWeight(L, e)) });
       } else { S.hover = null; hideTip(); }
     }
     schedule(["overlay"]);
@@ -946,11 +1106,8 @@
     const L = cur();
     const e = findEdge(L, j, i);
     S.hover = { node: -1, edge: e, cell: [i, j] };
-    if (e >= 0) showTip(edgeText(e), ev, { edge: j + "," + i, alpha: String(weightsOf(L, S.head)[e]) });
-    else {
-      showTip("no edge " + labelOf(j) + " \u2192 " + labelOf(i) + ": not in the graph" +
-        (isStructure(j, i) ? "\n(an edge of the given structure, without attention)" : ""), ev, {});
-    }
+    if (e >= 0) showTip(edgeText(e), ev, { edge: j + "," + i, alpha: String(cellWeight(L, e)) });
+    else showTip(missingText(L, j, i), ev, {});
     schedule(["overlay"]);
   }
 
