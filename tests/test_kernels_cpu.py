@@ -635,6 +635,34 @@ def test_csr_source_pass_same_bits_on_any_thread_count():
     assert not results[0][0][30:].any() and not results[0][1][30:].any()
 
 
+def test_every_compiled_kernel_can_be_cached():
+    """numba caches a kernel only without dynamic globals (``numba.get_num_threads()``
+    inside a parallel kernel makes one): such a kernel would compile again, for seconds
+    and with a NumbaWarning, in every process. Checked on every kernel compiled in this
+    process, after a forward and backward of each small-graph path."""
+    import importlib
+    import pkgutil
+
+    from numba.core.registry import CPUDispatcher
+
+    from gnnattn.nn import TransformerConv
+
+    torch.manual_seed(0)
+    layer = TransformerConv(8, 4, heads=2, edge_dim=3)
+    x = torch.randn(6, 8, requires_grad=True)
+    ei = torch.tensor([[0, 1, 2, 3, 4, 5, 1], [1, 2, 3, 4, 5, 0, 0]])
+    layer(x, ei, torch.randn(7, 3)).sum().backward()
+    checked = []
+    for info in pkgutil.iter_modules(cpu.__path__):
+        mod = importlib.import_module(f"{cpu.__name__}.{info.name}")
+        for name, obj in vars(mod).items():
+            if isinstance(obj, CPUDispatcher) and obj.__module__ == mod.__name__:
+                for cres in obj.overloads.values():
+                    assert not cres.library.has_dynamic_globals, f"{info.name}.{name}"
+                    checked.append(name)
+    assert "_bwd_src_scatter_kernel" in checked and "_fwd_kernel" in checked
+
+
 def test_cpu_has_the_reference_api():
     names = ["segment_softmax_fwd", "segment_softmax_bwd", "segment_ptr"]
     names += ["attention_fwd", "attention_bwd", "plan"]

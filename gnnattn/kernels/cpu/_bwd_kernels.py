@@ -540,7 +540,7 @@ def _bwd_src_kept_pieces_kernel(
 
 
 @numba.njit(**_JIT)
-def _bwd_src_scatter_kernel(q, dout, dsp, ptr, col, scale, dk, dv):  # pragma: no cover
+def _bwd_src_scatter_kernel(q, dout, dsp, ptr, col, scale, parts, dk, dv):  # pragma: no cover
     """The source pass of a small graph, from the stored ``dS`` and ``P``, over the CSR,
     with no transposed CSR: ``dk_j += scale dS_ij q_i`` and ``dv_j += P_ij dout_i``
     edge by edge into ``dk``, ``dv``, which it zeroes first (here, not by torch: one
@@ -548,12 +548,14 @@ def _bwd_src_scatter_kernel(q, dout, dsp, ptr, col, scale, dk, dv):  # pragma: n
     edge, skipping the others' (reading ``col`` once more per thread costs far less
     than a transposed CSR). Each source's terms come in CSR order, the order of its
     segment of the transposed CSR, so the sums are those of
-    :func:`_bwd_src_kept_kernel` (outside hub pieces) on any number of threads."""
+    :func:`_bwd_src_kept_kernel` (outside hub pieces) on any number of threads.
+    ``parts`` is the thread count, an argument: ``numba.get_num_threads()`` here
+    would keep numba from caching the kernel."""
     nh = dsp.shape[1] // 2
     cq = q.shape[1] // nh
     cv = dout.shape[1] // nh
     m = dk.shape[0]
-    parts = max(1, min(numba.get_num_threads(), m))
+    parts = max(1, min(parts, m))
     for p in prange(parts):
         lo = m * p // parts
         hi = m * (p + 1) // parts

@@ -5,6 +5,7 @@ See :mod:`._bwd_kernels` for what each pass computes and reads.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import torch
 from torch import Tensor
@@ -397,9 +398,8 @@ def src_csr(
     dv = alloc(num_src, nh * cv, dtype=dt)
     if plan.num_edges and nh:
         qq, go, dd = _rows(q, dt), _rows(grad_out, dt), _rows(dsp, dt)
-        _bwd_src_scatter_kernel(
-            qq, go, dd, plan.ptr, plan.col, _scalar(scale, dt), dk.numpy(), dv.numpy()
-        )
+        sc, parts = _scalar(scale, dt), numba.get_num_threads()
+        _bwd_src_scatter_kernel(qq, go, dd, plan.ptr, plan.col, sc, parts, dk.numpy(), dv.numpy())
     return dk.view(num_src, nh, cq), dv.view(num_src, nh, cv)
 
 
