@@ -46,17 +46,22 @@ FAIL_AT_STEP = "GNNATTN_FAIL_AT_STEP"
 
 
 def training_parser(
-    description: str, *, ckpt_name: str, batch_size: int
+    description: str, *, ckpt_name: str, batch_size: int, sequences: bool = True
 ) -> argparse.ArgumentParser:
     """The options every training example takes; a script adds its own after these.
 
     Options left at ``None`` get the script's defaults in :func:`parse_training_args`.
+    ``sequences=False`` (a script that trains on one graph) leaves out ``--block`` and
+    ``--batch-size``, which it would ignore.
     """
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--quick", action="store_true", help="a small run, under a minute")
     p.add_argument("--steps", type=int, default=None, help="training steps")
-    p.add_argument("--block", type=int, default=None, help="context length T")
-    p.add_argument("--batch-size", type=int, default=batch_size, help="sequences per step")
+    if sequences:
+        p.add_argument("--block", type=int, default=None, help="context length T")
+        p.add_argument("--batch-size", type=int, default=batch_size, help="sequences per step")
+    else:
+        p.set_defaults(block=None, batch_size=batch_size)
     p.add_argument("--embed-dim", type=int, default=None)
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--heads", type=int, default=4)

@@ -170,7 +170,7 @@ def accuracy(model, part: GraphPart, data: list[torch.Tensor]) -> dict[str, floa
 
 
 def parse_args(argv: list[str] | None = None):
-    p = training_parser(__doc__.split("\n")[0], ckpt_name=CKPT_NAME, batch_size=0)
+    p = training_parser(__doc__.split("\n")[0], ckpt_name=CKPT_NAME, batch_size=0, sequences=False)
     p.add_argument("--nodes", type=int, default=None, help="N, the points of the graph")
     p.add_argument("--k", type=int, default=None, help="neighbours per node, itself included")
     p.add_argument("--partition", choices=METHODS, default="metis", help="how to split the graph")

@@ -4,7 +4,7 @@ A two-layer ``torch.nn.TransformerEncoder`` and its twin
 :class:`gnnattn.nn.GraphTransformer` (converted with ``from_torch``, same
 weights) run on the same batch of B causal sequences of T tokens. For every
 gnnattn backend ("mp": message passing, "sdpa": SDPA on the detected
-structure, "fused": the sparse CSR kernel), chosen per call with
+structure, "fused": the sparse CSR kernel, "tiles": block tiles), chosen per call with
 ``model(x, graph, backend=...)``, it checks the outputs and input gradients
 against torch and times forward + backward (median of a few runs; the ratios
 are what matters on a noisy machine).
@@ -29,10 +29,11 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+import gnnattn.ops
 from gnnattn import AttentionGraph, causal_graph
 from gnnattn.nn import GraphTransformer
 
-BACKENDS = ("mp", "sdpa", "fused")
+BACKENDS = tuple(b for b in gnnattn.ops.BACKENDS if b != "auto")
 
 
 def median_seconds(fn: Callable[[], Tensor], reps: int) -> float:

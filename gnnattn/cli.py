@@ -171,6 +171,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         sliding_window_graph,
     )
     from .dense import dense_self_attention
+    from .ops import BACKENDS
 
     torch.manual_seed(args.seed)
     t, d, h = args.tokens, 16, 4
@@ -186,14 +187,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
         "random sparse": sparse,
     }
     print(f"graph attention vs dense attention, T={t}, embed {d}, {h} heads, float64")
-    print(f"{'graph':<14} {'edges':>6} " + " ".join(f"{b:>9}" for b in ("mp", "sdpa", "fused")))
+    backends = [b for b in BACKENDS if b != "auto"]
+    print(f"{'graph':<14} {'edges':>6} " + " ".join(f"{b:>9}" for b in backends))
     worst = 0.0
     with torch.no_grad():
         for name, ei in graphs.items():
             mask = edge_index_to_mask(ei, t)
             ref = dense_self_attention(layer, x, mask)
             cells = []
-            for backend in ("mp", "sdpa", "fused"):
+            for backend in backends:
                 try:
                     err = (layer(x, ei, backend=backend) - ref).abs().max().item()
                 except ValueError:  # "sdpa" refuses a graph of no known structure

@@ -37,6 +37,7 @@ from . import peers
 from .checks import check_int
 from .graphs import AttentionGraph, causal_graph, complete_graph
 from .nn import SelfAttentionConv
+from .ops import BACKENDS
 
 __all__ = ["ParityResult", "ParityRow", "TOLERANCES", "compare"]
 
@@ -215,7 +216,7 @@ def _conv(layer: SelfAttentionConv, n: int, causal: bool) -> Callable[[Tensor], 
     return peers.transformer_conv(layer, ei)[1]
 
 
-_GRAPH_BACKENDS = ("mp", "sdpa", "fused")
+_GRAPH_BACKENDS = tuple(b for b in BACKENDS if b != "auto")
 _RUNNERS: Mapping[str, Callable[[SelfAttentionConv, int, bool], _Runner]] = MappingProxyType(
     {
         **{b: _graph_runner(b) for b in _GRAPH_BACKENDS},

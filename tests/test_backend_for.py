@@ -238,3 +238,17 @@ def test_backend_for_checks_the_inputs_as_the_call_does() -> None:
         SimplifiedAttention().backend_for(torch.randn(3))
     with pytest.raises(TypeError, match="'attn_graph'"):
         GPSConv(D, None).backend_for(_x(), attn_graph=_sparse())  # type: ignore[arg-type]
+
+
+def test_the_reason_names_what_ruled_out_sdpa_on_a_structured_graph() -> None:
+    """A causal graph whose call SDPA cannot take (edge features) goes to the fused
+    kernel: the reason says so rather than calling the graph sparse."""
+    from gnnattn.ops import backend_for
+
+    q = torch.randn(8, 2, 4)
+    choice = backend_for(q, AttentionGraph.causal(8), edge_attr=True)
+    assert choice.backend == "fused"
+    assert choice.reason.startswith("causal graph, but SDPA does not take edge features")
+    assert backend_for(q, AttentionGraph.causal(8)).reason.startswith("causal graph: ")
+    sparse = AttentionGraph(torch.tensor([[0, 1, 2], [1, 2, 0]]), 3)
+    assert backend_for(q[:3], sparse, edge_attr=True).reason.startswith("sparse graph: ")

@@ -195,9 +195,9 @@ class GPSConv(torch.nn.Module):
         check_float(dropout, "dropout", lo=0.0, hi=1.0)
         if attn_type == "performer":
             raise ValueError(
-                "Expected attn_type='multihead', got 'performer': gnnattn's GPSConv does not "
-                "provide Performer attention; use torch_geometric.nn.GPSConv(..., "
-                "attn_type='performer') for it"
+                "Expected attn_type 'multihead' or 'exphormer', got 'performer': gnnattn's "
+                "GPSConv does not provide Performer attention; use "
+                "torch_geometric.nn.GPSConv(..., attn_type='performer') for it"
             )
         if attn_type not in ATTN_TYPES:
             hint = (

@@ -205,7 +205,8 @@ def backend_for(
         if why is not None:
             raise ValueError(f"backend={backend!r} {why}. Use 'fused' or 'mp' (or 'auto').")
         return BackendChoice(backend, "asked for")
-    s = graph.structure if _refusal("sdpa", graph, options, q.dtype) is None else None
+    sdpa_why = _refusal("sdpa", graph, options, q.dtype)
+    s = graph.structure if sdpa_why is None else None
     # Inside torch.compile a batch of blocks of different lengths goes to SDPA only
     # where the block kernel takes it in one call (compiled_blocks).
     if s is not None and not s.uniform and torch.compiler.is_compiling():
@@ -225,7 +226,11 @@ def backend_for(
     elif why is not None:
         why = f"the fused kernel {why}"
     if why is None:
-        return BackendChoice("fused", f"sparse graph: the fused {q.device.type} kernel")
+        what = "sparse graph"
+        if graph.structure is not None and sdpa_why is not None:
+            # A structure SDPA would take but for the call's options: say which.
+            what = f"{graph.structure.kind.replace('_', ' ')} graph, but SDPA {sdpa_why}"
+        return BackendChoice("fused", f"{what}: the fused {q.device.type} kernel")
     choice = BackendChoice("mp", why)
     if graph.num_edges > _WARN_EDGES and not torch.compiler.is_compiling():
         _warn_once(graph, choice)
