@@ -1,5 +1,7 @@
 """Graph attention == dense attention, for every backend, forward and backward."""
 
+import math
+
 import pytest
 import torch
 
@@ -223,3 +225,42 @@ def test_repr_and_reset():
     assert repr(SimplifiedAttention()) == "SimplifiedAttention(scale=1)"
     causal = SimplifiedAttention(0.5, causal=True)
     assert repr(causal) == "SimplifiedAttention(scale=0.5, causal=True)"
+
+
+def test_init_is_multihead_attentions():
+    torch.manual_seed(0)
+    d = 256
+    layer = SelfAttentionConv(d, num_heads=8)
+    mha = torch.nn.MultiheadAttention(d, 8)
+    # xavier_uniform_ on MHA's packed in_proj_weight [3D, D]: fan_in D, fan_out 3D.
+    bound = math.sqrt(6 / (d + 3 * d))
+    for i, lin in enumerate((layer.lin_query, layer.lin_key, layer.lin_value)):
+        w, ref = lin.weight.detach(), mha.in_proj_weight.detach()[i * d : (i + 1) * d]
+        assert 0.99 * bound < w.abs().max() <= bound
+        assert abs(w.std() / ref.std() - 1) < 0.02
+        assert not lin.bias.any()
+    # The output projection: its Linear's own weights (bound 1/sqrt(D)), a zero bias.
+    out = layer.lin_out.weight.detach()
+    assert 0.99 / math.sqrt(d) < out.abs().max() <= 1 / math.sqrt(d)
+    assert abs(out.std() / mha.out_proj.weight.detach().std() - 1) < 0.02
+    assert not layer.lin_out.bias.any()
+
+
+def test_edge_inputs_of_another_dtype_are_refused_outside_autocast():
+    layer = SelfAttentionConv(8, num_heads=2, edge_dim=3)
+    x, ei = torch.randn(4, 8), torch.tensor([[0, 1, 2], [1, 2, 3]])
+    ea, bias = torch.randn(3, 3), torch.randn(3, 2)
+    expected = r"of dtype torch.float32 \(the dtype of x\), got torch.float64"
+    with pytest.raises(TypeError, match=rf"'edge_attr' {expected}"):
+        layer(x, ei, ea.double())
+    with pytest.raises(TypeError, match=rf"'attn_bias' {expected}"):
+        layer(x, ei, ea, attn_bias=bias.double())
+    with pytest.raises(TypeError, match=rf"'attn_bias' {expected}"):
+        layer.backend_for(x, ei, ea, attn_bias=bias.double())
+    # Under autocast the projections cast their inputs: float32 edge inputs are fine.
+    ref = layer(x, ei, ea, attn_bias=bias)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for x_in in (x, x.bfloat16()):
+            out = layer(x_in, ei, ea, attn_bias=bias)
+            assert out.dtype == torch.bfloat16
+            assert (out.float() - ref).abs().max() < 0.1

@@ -5,15 +5,45 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import MessagePassing
+from torch_geometric.typing import OptTensor
+from torch_geometric.utils import softmax
 
 from ..checks import check_float, check_int, check_like, check_x
 from ..ops import AttentionOutput, BackendChoice, check_backend
 from .bias import check_attn_bias
 from .parts import AnyGraph, PartLike, attend, choose, graph_or_part
+from .pyg_path import PYG_PROPAGATE, pyg_edge_index, takes_pyg_path
 
 __all__ = ["SelfAttentionConv"]
+
+
+def check_edge_input(t: Tensor, x: Tensor, name: str) -> None:
+    """Raise unless the edge input ``t`` (``edge_attr``, ``attn_bias``) is floating, on
+    ``x``'s device and, outside autocast (where the projections cast their inputs), of
+    ``x``'s dtype.
+
+    Example:
+        >>> x = torch.randn(3, 4)
+        >>> check_edge_input(torch.randn(2, 5), x, "edge_attr")
+        >>> check_edge_input(torch.randn(2, 5, dtype=torch.float64), x, "edge_attr")
+        Traceback (most recent call last):
+        ...
+        TypeError: Expected 'edge_attr' of dtype torch.float32 (the dtype of x), got torch.float64 (convert it with .to(torch.float32), or use torch.autocast)
+    """  # noqa: E501
+    if not t.is_floating_point():
+        raise TypeError(f"Expected '{name}' of a floating dtype, got {t.dtype}")
+    if t.device != x.device:
+        raise ValueError(
+            f"Expected '{name}' on device {x.device} (the device of x), got {t.device}"
+        )
+    if t.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(
+            f"Expected '{name}' of dtype {x.dtype} (the dtype of x), got {t.dtype} "
+            f"(convert it with .to({x.dtype}), or use torch.autocast)"
+        )
 
 
 class SelfAttentionConv(MessagePassing):
@@ -47,6 +77,13 @@ class SelfAttentionConv(MessagePassing):
     the complete bipartite graph that is ``mha(x_dst, x_src, x_src)``. A target
     with no incoming edges gets a zero attention result, so its output is the
     output projection's bias.
+
+    PyG's hooks (``register_message_forward_hook`` ...) and explainers
+    (:class:`torch_geometric.explain.Explainer`, whose edge mask scales the
+    messages) act on per-edge messages, which the operator never forms: a
+    layer with any of them runs PyG's ``propagate`` with :meth:`message`
+    (the same outputs; attention dropout from ``F.dropout``), whatever
+    ``backend`` says, on a whole graph (not a distributed part).
 
     Args:
         embed_dim (int): :math:`D`, the width of ``x`` and of the output.
@@ -104,6 +141,25 @@ class SelfAttentionConv(MessagePassing):
         torch.Size([2, 8])
     """
 
+    # MessagePassing's explainer state (set by PyG's Explainer), typed for mypy.
+    _explain: bool | None
+    _edge_mask: Tensor | None
+    _apply_sigmoid: bool
+    # Only while PyG's propagate runs (no state stays on the layer): the weights
+    # message() computes, and the rows of the explainer's edge mask the graph kept.
+    _alpha: Tensor
+    _explained_rows: Tensor
+
+    # The arguments of the propagate call, for PyG's generated propagate (it
+    # would otherwise parse them from this module's source).
+    propagate_type = {
+        "query": Tensor,
+        "key": Tensor,
+        "value": Tensor,
+        "score_bias": OptTensor,
+        "edge_attr": OptTensor,
+    }
+
     def __init__(
         self,
         embed_dim: int,
@@ -154,10 +210,15 @@ class SelfAttentionConv(MessagePassing):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform projections and zero biases, as ``nn.MultiheadAttention``."""
+        """``nn.MultiheadAttention``'s initialisation: its packed ``[3D, D]`` input
+        projection Xavier-uniform, the output projection ``Linear``'s own, zero biases."""
         super().reset_parameters()
+        # Xavier's bound on MHA's in_proj_weight [3D, D] (fan_out 3D): on each
+        # [D, D] block alone it would be sqrt(2) wider than MHA's.
+        d = self.embed_dim
+        bound = math.sqrt(6.0 / (d + 3 * d))
         for lin in (self.lin_query, self.lin_key, self.lin_value):
-            torch.nn.init.xavier_uniform_(lin.weight)
+            torch.nn.init.uniform_(lin.weight, -bound, bound)
             if lin.bias is not None:
                 torch.nn.init.zeros_(lin.bias)
         self.lin_out.reset_parameters()
@@ -208,7 +269,7 @@ class SelfAttentionConv(MessagePassing):
         """
         graph, x_src, x_dst, edge_attr = self._inputs(x, edge_index, edge_attr, batch)
         if attn_bias is not None:
-            attn_bias = check_attn_bias(attn_bias, graph, self.num_heads, x_dst.device)
+            attn_bias = self._check_attn_bias(attn_bias, graph, x_dst)
         h, c = self.num_heads, self.head_dim
         n_src, n_dst = x_src.shape[0], x_dst.shape[0]
         score_bias = None
@@ -216,13 +277,38 @@ class SelfAttentionConv(MessagePassing):
             score_bias = self.lin_edge(edge_attr)  # (E, H)
         if attn_bias is not None:
             score_bias = attn_bias if score_bias is None else score_bias + attn_bias
+        q = self.lin_query(x_dst).view(n_dst, h, c)  # (N, H, C)
+        k = self.lin_key(x_src).view(n_src, h, c)  # (M, H, C)
+        v = self.lin_value(x_src).view(n_src, h, c)  # (M, H, C)
+        backend = self.backend if backend is None else check_backend(backend)
+        if takes_pyg_path(self):
+            o, alpha = self._propagate(q, k, v, graph, score_bias, edge_attr)
+        else:
+            o, alpha = self._attend(
+                q, k, v, graph, score_bias, edge_attr, return_attention_weights, backend
+            )
+        out = self.lin_out(o.reshape(n_dst, self.embed_dim))  # (N, D)
+        if return_attention_weights:
+            assert alpha is not None
+            return out, (graph.edge_index, alpha)
+        return out
+
+    def _attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        graph: AnyGraph,
+        score_bias: Tensor | None,
+        edge_attr: Tensor | None,
+        need_weights: bool,
+        backend: str,
+    ) -> tuple[Tensor, Tensor | None]:
+        """``(out [N, H, C], alpha [|E|, H] or None)`` from gnnattn's operator."""
         # W_EV e_ij enters the values through the operator's edge_value: the
         # fused path aggregates the raw features and maps the aggregate, so no
         # [E, D] tensor is made (the same function: lin_edge_value has no bias).
         edge_value = self.lin_edge_value.weight if self.lin_edge_value is not None else None
-        q = self.lin_query(x_dst).view(n_dst, h, c)  # (N, H, C)
-        k = self.lin_key(x_src).view(n_src, h, c)  # (M, H, C)
-        v = self.lin_value(x_src).view(n_src, h, c)  # (M, H, C)
         res = attend(
             q,
             k,
@@ -231,17 +317,81 @@ class SelfAttentionConv(MessagePassing):
             scale=self.scale,
             score_bias=score_bias,
             dropout_p=self.dropout if self.training else 0.0,
-            backend=self.backend if backend is None else check_backend(backend),
-            need_weights=return_attention_weights,
+            backend=backend,
+            need_weights=need_weights,
             edge_attr=edge_attr if edge_value is not None else None,
             edge_value=edge_value,
         )
-        o = res.out if isinstance(res, AttentionOutput) else res
-        out = self.lin_out(o.reshape(n_dst, self.embed_dim))  # (N, D)
         if isinstance(res, AttentionOutput):
-            assert res.weights is not None
-            return out, (graph.edge_index, res.weights)
-        return out
+            return res.out, res.weights
+        return res, None
+
+    def _propagate(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        graph: AnyGraph,
+        score_bias: Tensor | None,
+        edge_attr: Tensor | None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """``(out [N, H, C], alpha [|E|, H])`` from PyG's ``propagate`` and :meth:`message`,
+        where hooks and explainers see the messages."""
+        edge_index = pyg_edge_index(graph, type(self).__name__)
+        if self._explain and self.causal and self._edge_mask is not None:
+            # The explainer's mask has a row per edge given; the causal graph
+            # may have dropped some: explain_message takes the rows it kept.
+            given = torch.arange(self._edge_mask.shape[0], device=edge_index.device)
+            self._explained_rows = graph.select_edges(given, "the explainer's edge mask")
+        try:
+            out = self.propagate(
+                edge_index,
+                size=(k.shape[0], q.shape[0]),
+                query=q,
+                key=k,
+                value=v,
+                score_bias=score_bias,
+                edge_attr=edge_attr if self.lin_edge_value is not None else None,
+            )
+        finally:
+            # Off the layer even when the call fails: a layer keeps no call's state.
+            self.__dict__.pop("_explained_rows", None)
+            alpha = self.__dict__.pop("_alpha", None)
+        return out, alpha
+
+    def explain_message(self, inputs: Tensor, dim_size: int | None) -> Tensor:
+        """PyG's: the messages scaled by the explainer's edge mask, its rows those of
+        the edges the graph kept."""
+        mask, rows = self._edge_mask, getattr(self, "_explained_rows", None)
+        if mask is None or rows is None:
+            return super().explain_message(inputs, dim_size)
+        mask = mask.sigmoid() if self._apply_sigmoid else mask
+        return inputs * mask[rows].view(-1, 1, 1)
+
+    # The annotations name no alias (OptTensor): PyG copies them into the
+    # propagate it generates, whose module sees only torch's names.
+    def message(
+        self,
+        query_i: Tensor,
+        key_j: Tensor,
+        value_j: Tensor,
+        score_bias: Tensor | None,
+        edge_attr: Tensor | None,
+        index: Tensor,
+        ptr: Tensor | None,
+        size_i: int | None,
+    ) -> Tensor:
+        """The attention message ``alpha_ij (W_V x_j + W_EV e_ij)``, ``[|E|, H, C]``: the
+        operator's, formed per edge."""
+        alpha = (query_i * key_j).sum(dim=-1) * self.scale
+        if score_bias is not None:
+            alpha = alpha + score_bias
+        alpha = softmax(alpha, index, ptr, size_i)
+        self._alpha = alpha
+        alpha = F.dropout(alpha, p=self.dropout, training=self.training)
+        if edge_attr is not None and self.lin_edge_value is not None:
+            value_j = value_j + self.lin_edge_value(edge_attr).view(-1, *value_j.shape[1:])
+        return value_j * alpha.unsqueeze(-1)
 
     def backend_for(
         self,
@@ -264,11 +414,14 @@ class SelfAttentionConv(MessagePassing):
         """
         graph, _, x_dst, edge_attr = self._inputs(x, edge_index, edge_attr, batch)
         if attn_bias is not None:
-            check_attn_bias(attn_bias, graph, self.num_heads, x_dst.device)
+            self._check_attn_bias(attn_bias, graph, x_dst)
+        backend = self.backend if backend is None else check_backend(backend)
+        if takes_pyg_path(self):
+            return PYG_PROPAGATE
         return choose(
             x_dst.new_empty(0, self.num_heads, self.head_dim),
             graph,
-            backend=self.backend if backend is None else check_backend(backend),
+            backend=backend,
             score_bias=edge_attr is not None or attn_bias is not None,
             dropout_p=self.dropout if self.training else 0.0,
             edge_attr=edge_attr is not None and self.edge_value,
@@ -354,15 +507,15 @@ class SelfAttentionConv(MessagePassing):
                 f"Expected 'edge_attr' of shape [{graph.num_edges}, {self.edge_dim}] (one row "
                 f"per edge of edge_index), got {list(edge_attr.shape)}{hint}"
             )
-        if not edge_attr.is_floating_point():
-            raise TypeError(f"Expected 'edge_attr' of a floating dtype, got {edge_attr.dtype}")
-        if edge_attr.device != x.device:
-            raise ValueError(
-                f"Expected 'edge_attr' on device {x.device} (the device of x), got "
-                f"{edge_attr.device}"
-            )
+        check_edge_input(edge_attr, x, "edge_attr")
         # Rows follow the given edges; a causal layer's graph may have dropped some.
         return graph.select_edges(edge_attr)
+
+    def _check_attn_bias(self, attn_bias: Tensor, graph: AnyGraph, x: Tensor) -> Tensor:
+        """``attn_bias`` checked (shape, device, ``x``'s dtype), its rows the graph's edges."""
+        attn_bias = check_attn_bias(attn_bias, graph, self.num_heads, x.device)
+        check_edge_input(attn_bias, x, "attn_bias")
+        return attn_bias
 
     # ----------------------------------------------------------------- interop
 

@@ -10,16 +10,9 @@ from torch_geometric.nn.aggr import SumAggregation
 from torch_geometric.typing import OptPairTensor, OptTensor
 
 from ..kernels.edge_sum import relu_edge_sum
+from .pyg_path import PYG_HOOKS
 
 __all__ = ["GINEConv"]
-
-# MessagePassing's own hooks (on propagate, message, aggregate...): a layer that
-# has any takes PyG's path, where they run.
-_PYG_HOOKS = tuple(
-    f"_{stage}_forward_{kind}hooks"
-    for stage in ("propagate", "message", "aggregate", "message_and_aggregate", "edge_update")
-    for kind in ("pre_", "")
-)
 
 
 class GINEConv(PyGGINEConv):
@@ -137,7 +130,7 @@ class GINEConv(PyGGINEConv):
             and edge_attr.size(1) == width
             and edge_attr.dtype == x_src.dtype
         )
-        hooks = any(getattr(self, name) for name in _PYG_HOOKS)
+        hooks = any(getattr(self, name) for name in PYG_HOOKS)
         return (
             plain
             and features

@@ -3,27 +3,50 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
-from torch_geometric.nn import MessagePassing
+from torch_geometric.nn import Linear, MessagePassing
+from torch_geometric.typing import OptTensor
+from torch_geometric.utils import softmax
 
 from ..checks import check_float, check_int, check_like, check_tensor, check_x
 from ..ops import AttentionOutput, BackendChoice, check_backend
+from .conv import check_edge_input
 from .parts import AnyGraph, PartLike, attend, choose, graph_or_part
+from .pyg_path import PYG_PROPAGATE, pyg_edge_index, takes_pyg_path
 
 __all__ = ["TransformerConv"]
 
 
 def _channels(value: int | tuple[int, int], name: str) -> tuple[int, int]:
+    """``(source, target)`` widths, each positive or ``-1`` (lazy: read from the first call)."""
     if isinstance(value, (tuple, list)):
         if len(value) != 2:
             raise ValueError(f"Expected '{name}' an int or a pair of ints, got {value!r}")
-        check_int(value[0], f"{name}[0]", min=1)
-        check_int(value[1], f"{name}[1]", min=1)
+        _check_width(value[0], f"{name}[0]")
+        _check_width(value[1], f"{name}[1]")
         return int(value[0]), int(value[1])
-    check_int(value, name, min=1)
+    _check_width(value, name)
     return value, value
+
+
+def _check_width(value: Any, name: str) -> None:
+    """Raise unless ``value`` is a positive int or ``-1`` (lazy)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"Expected '{name}' to be an int, got {type(value).__name__}")
+    if value < 1 and value != -1:
+        raise ValueError(f"Expected '{name}' to be a positive int or -1 (lazy), got {value}")
+
+
+def _width(lin: Linear) -> int | None:
+    """The input width of ``lin``; ``None`` while lazy (its first call, or a loaded
+    ``state_dict``, sets it)."""
+    # PyG's Linear keeps in_channels in step with its weight (-1 while lazy),
+    # a plain int where the lazy weight's shape cannot be read.
+    return lin.in_channels if lin.in_channels > 0 else None
 
 
 class TransformerConv(MessagePassing):
@@ -59,9 +82,21 @@ class TransformerConv(MessagePassing):
     distribution, another mask than ``F.dropout``'s). The attention weights
     returned are those before dropout, as PyG's.
 
+    PyG's hooks (``register_message_forward_hook`` ...) and explainers
+    (:class:`torch_geometric.explain.Explainer`, whose edge mask scales the
+    messages) act on per-edge messages, which the fused path never forms: a
+    layer with any of them, or built with a ``MessagePassing`` option other
+    than the defaults (an ``aggr`` other than ``"add"``, which PyG's layer
+    applies to the weighted values, so the result is no longer attention;
+    ``flow="target_to_source"``; ``decomposed_layers``), runs PyG's
+    ``propagate`` and :meth:`message`, as PyG's layer does, whatever
+    ``backend`` says.
+
     Args:
         in_channels (int or tuple): size of each input sample, or
-            ``(source, target)`` sizes for bipartite graphs.
+            ``(source, target)`` sizes for bipartite graphs; ``-1`` reads a
+            size from the first call (lazy, as PyG's: ``to_hetero`` builds
+            its layers so).
         out_channels (int): :math:`C`, size of each output per head.
         heads (int, optional): :math:`H`. (default: ``1``)
         concat (bool, optional): concatenate the heads (else average them).
@@ -78,6 +113,8 @@ class TransformerConv(MessagePassing):
             message-passing reference) or ``"sdpa"``; a call can override
             it, and :meth:`backend_for` says which one a call takes and why.
             (default: ``"auto"``)
+        **kwargs: :class:`torch_geometric.nn.conv.MessagePassing`'s
+            (``aggr`` defaults to ``"add"``).
 
     Shapes:
         - **input:** ``x`` ``[|V|, F_in]`` or ``([|V_s|, F_s], [|V_t|, F_t])``,
@@ -96,6 +133,10 @@ class TransformerConv(MessagePassing):
         torch.Size([3, 16])
     """
 
+    # The arguments of the propagate call, for PyG's generated propagate (it
+    # would otherwise parse them from this module's source).
+    propagate_type = {"query": Tensor, "key": Tensor, "value": Tensor, "edge_attr": OptTensor}
+
     def __init__(
         self,
         in_channels: int | tuple[int, int],
@@ -109,8 +150,10 @@ class TransformerConv(MessagePassing):
         root_weight: bool = True,
         *,
         backend: str = "auto",
+        **kwargs: Any,
     ) -> None:
-        super().__init__(aggr="add", node_dim=0)
+        kwargs.setdefault("aggr", "add")
+        super().__init__(node_dim=0, **kwargs)
         src, dst = _channels(in_channels, "in_channels")
         check_int(out_channels, "out_channels", min=1)
         check_int(heads, "heads", min=1)
@@ -125,21 +168,22 @@ class TransformerConv(MessagePassing):
         self.dropout = dropout
         self.edge_dim = edge_dim
         self.backend = check_backend(backend)
-        # PyG's layer parks the weights here during a call and resets it to
-        # None; code that reads it finds None here too (nothing is parked).
+        # message() parks the weights here and forward resets it to None, as
+        # in PyG's layer; the fused path parks nothing.
         self._alpha: Tensor | None = None
         hc = heads * out_channels
-        self.lin_key = torch.nn.Linear(src, hc, bias=bias)
-        self.lin_query = torch.nn.Linear(dst, hc, bias=bias)
-        self.lin_value = torch.nn.Linear(src, hc, bias=bias)
-        self.lin_edge: torch.nn.Linear | None = None
+        # PyG's Linear, as PyG's layer: lazy with -1, the same state_dict.
+        self.lin_key = Linear(src, hc, bias=bias)
+        self.lin_query = Linear(dst, hc, bias=bias)
+        self.lin_value = Linear(src, hc, bias=bias)
+        self.lin_edge: Linear | None = None
         if edge_dim is not None:
-            self.lin_edge = torch.nn.Linear(edge_dim, hc, bias=False)
+            self.lin_edge = Linear(edge_dim, hc, bias=False)
         width = hc if concat else out_channels
-        self.lin_skip = torch.nn.Linear(dst, width, bias=bias)
-        self.lin_beta: torch.nn.Linear | None = None
+        self.lin_skip = Linear(dst, width, bias=bias)
+        self.lin_beta: Linear | None = None
         if self.beta:
-            self.lin_beta = torch.nn.Linear(3 * width, 1, bias=False)
+            self.lin_beta = Linear(3 * width, 1, bias=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -179,21 +223,12 @@ class TransformerConv(MessagePassing):
         q = self.lin_query(x_dst).view(-1, h, c)  # (N, H, C)
         k = self.lin_key(x_src).view(-1, h, c)  # (M, H, C)
         v = self.lin_value(x_src).view(-1, h, c)  # (M, H, C)
-        w_edge = self.lin_edge.weight if self.lin_edge is not None else None  # (H*C, F)
-        res = attend(
-            q,
-            k,
-            v,
-            graph,
-            scale=1.0 / math.sqrt(c),
-            edge_attr=edge_attr,
-            edge_key=w_edge,
-            edge_value=w_edge,
-            dropout_p=self.dropout if self.training else 0.0,
-            backend=self.backend if backend is None else check_backend(backend),
-            need_weights=isinstance(return_attention_weights, bool),
-        )
-        o = res.out if isinstance(res, AttentionOutput) else res
+        need_weights = isinstance(return_attention_weights, bool)
+        backend = self.backend if backend is None else check_backend(backend)
+        if takes_pyg_path(self):
+            o, alpha = self._propagate(q, k, v, graph, edge_attr)
+        else:
+            o, alpha = self._attend(q, k, v, graph, edge_attr, need_weights, backend)
         out = o.reshape(-1, h * c) if self.concat else o.mean(dim=1)  # (N, H*C) or (N, C)
         if self.root_weight:
             x_r = self.lin_skip(x_dst)
@@ -202,11 +237,74 @@ class TransformerConv(MessagePassing):
                 out = b * x_r + (1 - b) * out
             else:
                 out = out + x_r
-        if isinstance(res, AttentionOutput):
-            assert res.weights is not None
+        if need_weights:
+            assert alpha is not None
             given = edge_index if isinstance(edge_index, Tensor) else edge_index.edge_index
-            return out, (given, res.weights)
+            return out, (given, alpha)
         return out
+
+    def _attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        graph: AnyGraph,
+        edge_attr: Tensor | None,
+        need_weights: bool,
+        backend: str,
+    ) -> tuple[Tensor, Tensor | None]:
+        """``(out [N, H, C], alpha [|E|, H] or None)`` from gnnattn's operator."""
+        w_edge = self.lin_edge.weight if self.lin_edge is not None else None  # (H*C, F)
+        res = attend(
+            q,
+            k,
+            v,
+            graph,
+            scale=1.0 / math.sqrt(self.out_channels),
+            edge_attr=edge_attr,
+            edge_key=w_edge,
+            edge_value=w_edge,
+            dropout_p=self.dropout if self.training else 0.0,
+            backend=backend,
+            need_weights=need_weights,
+        )
+        if isinstance(res, AttentionOutput):
+            return res.out, res.weights
+        return res, None
+
+    def _propagate(
+        self, q: Tensor, k: Tensor, v: Tensor, graph: AnyGraph, edge_attr: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """``(out [N, H, C], alpha [|E|, H])`` from PyG's ``propagate`` and :meth:`message`,
+        where hooks and explainers see the messages."""
+        edge_index = pyg_edge_index(graph, type(self).__name__)
+        out = self.propagate(edge_index, query=q, key=k, value=v, edge_attr=edge_attr)
+        alpha, self._alpha = self._alpha, None
+        return out, alpha
+
+    # The annotations name no alias (OptTensor): PyG copies them into the
+    # propagate it generates, whose module sees only torch's names.
+    def message(
+        self,
+        query_i: Tensor,
+        key_j: Tensor,
+        value_j: Tensor,
+        edge_attr: Tensor | None,
+        index: Tensor,
+        ptr: Tensor | None,
+        size_i: int | None,
+    ) -> Tensor:
+        """PyG's message: ``alpha_ij (W_2 x_j + W_6 e_ij)``, ``[|E|, H, C]``."""
+        if self.lin_edge is not None:
+            assert edge_attr is not None
+            edge_attr = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
+            key_j = key_j + edge_attr
+        alpha = (query_i * key_j).sum(dim=-1) / math.sqrt(self.out_channels)
+        alpha = softmax(alpha, index, ptr, size_i)
+        self._alpha = alpha
+        alpha = F.dropout(alpha, p=self.dropout, training=self.training)
+        out = value_j if edge_attr is None else value_j + edge_attr
+        return out * alpha.view(-1, self.heads, 1)
 
     def backend_for(
         self,
@@ -225,10 +323,13 @@ class TransformerConv(MessagePassing):
             BackendChoice(backend='fused', reason='sparse graph: the fused cpu kernel')
         """
         graph, _, x_dst, edge_attr = self._inputs(x, edge_index, edge_attr)
+        backend = self.backend if backend is None else check_backend(backend)
+        if takes_pyg_path(self):
+            return PYG_PROPAGATE
         return choose(
             x_dst.new_empty(0, self.heads, self.out_channels),
             graph,
-            backend=self.backend if backend is None else check_backend(backend),
+            backend=backend,
             dropout_p=self.dropout if self.training else 0.0,
             edge_attr=edge_attr is not None,
         )
@@ -241,7 +342,7 @@ class TransformerConv(MessagePassing):
     ) -> tuple[AnyGraph, Tensor, Tensor, Tensor | None]:
         """``(graph, x_src, x_dst, edge_attr)`` checked, with ``edge_attr`` on the graph's edges."""
         if isinstance(x, Tensor):
-            x_src = x_dst = check_x(x, self.lin_query.in_features)
+            x_src = x_dst = check_x(x, _width(self.lin_query))
         else:
             x_src, x_dst = self._pair(x)
         check_like(x_src, self.lin_key.weight, "x" if x_src is x else "x[0]")
@@ -253,7 +354,7 @@ class TransformerConv(MessagePassing):
             device=x_dst.device,
             bipartite=not isinstance(x, Tensor),
         )
-        return graph, x_src, x_dst, self._edge_attr(edge_attr, graph)
+        return graph, x_src, x_dst, self._edge_attr(edge_attr, graph, x_dst)
 
     def _pair(self, x: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         if not isinstance(x, (tuple, list)) or len(x) != 2:
@@ -261,11 +362,11 @@ class TransformerConv(MessagePassing):
                 f"Expected 'x' to be a Tensor or a pair (x_src, x_dst), got {type(x).__name__}"
             )
         return (
-            check_x(x[0], self.lin_key.in_features, "x[0]"),
-            check_x(x[1], self.lin_query.in_features, "x[1]"),
+            check_x(x[0], _width(self.lin_key), "x[0]"),
+            check_x(x[1], _width(self.lin_query), "x[1]"),
         )
 
-    def _edge_attr(self, edge_attr: Tensor | None, graph: AnyGraph) -> Tensor | None:
+    def _edge_attr(self, edge_attr: Tensor | None, graph: AnyGraph, x: Tensor) -> Tensor | None:
         if self.lin_edge is None:
             # PyG ignores edge_attr without edge_dim: so does this layer.
             return None
@@ -282,6 +383,7 @@ class TransformerConv(MessagePassing):
                 f"Expected 'edge_attr' of shape [{graph.num_edges}, {self.edge_dim}], got "
                 f"{list(edge_attr.shape)}"
             )
+        check_edge_input(edge_attr, x, "edge_attr")
         return graph.select_edges(edge_attr)
 
     def __repr__(self) -> str:
