@@ -18,6 +18,7 @@ from torch import Tensor
 
 __all__ = [
     "check_choice",
+    "check_edge_input",
     "check_float",
     "check_int",
     "check_like",
@@ -128,3 +129,29 @@ def same_device(a: Tensor, b_device: torch.device, name: str, what: str) -> None
     """Raise unless ``a`` lives on ``b_device`` (``what`` says whose device that is)."""
     if a.device != b_device:
         raise ValueError(f"Expected '{name}' on device {b_device} ({what}), got {a.device}")
+
+
+def check_edge_input(t: Tensor, x: Tensor, name: str) -> None:
+    """Raise unless the edge input ``t`` (``edge_attr``, ``attn_bias``) is floating, on
+    ``x``'s device and, outside autocast (where the projections cast their inputs), of
+    ``x``'s dtype.
+
+    Example:
+        >>> x = torch.randn(3, 4)
+        >>> check_edge_input(torch.randn(2, 5), x, "edge_attr")
+        >>> check_edge_input(torch.randn(2, 5, dtype=torch.float64), x, "edge_attr")
+        Traceback (most recent call last):
+        ...
+        TypeError: Expected 'edge_attr' of dtype torch.float32 (the dtype of x), got torch.float64 (convert it with .to(torch.float32), or use torch.autocast)
+    """  # noqa: E501
+    if not t.is_floating_point():
+        raise TypeError(f"Expected '{name}' of a floating dtype, got {t.dtype}")
+    if t.device != x.device:
+        raise ValueError(
+            f"Expected '{name}' on device {x.device} (the device of x), got {t.device}"
+        )
+    if t.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(
+            f"Expected '{name}' of dtype {x.dtype} (the dtype of x), got {t.dtype} "
+            f"(convert it with .to({x.dtype}), or use torch.autocast)"
+        )

@@ -11,39 +11,13 @@ from torch_geometric.nn import MessagePassing
 from torch_geometric.typing import OptTensor
 from torch_geometric.utils import softmax
 
-from ..checks import check_float, check_int, check_like, check_x
+from ..checks import check_edge_input, check_float, check_int, check_like, check_x
 from ..ops import AttentionOutput, BackendChoice, check_backend
 from .bias import check_attn_bias
 from .parts import AnyGraph, PartLike, attend, choose, graph_or_part
 from .pyg_path import PYG_PROPAGATE, pyg_edge_index, takes_pyg_path
 
 __all__ = ["SelfAttentionConv"]
-
-
-def check_edge_input(t: Tensor, x: Tensor, name: str) -> None:
-    """Raise unless the edge input ``t`` (``edge_attr``, ``attn_bias``) is floating, on
-    ``x``'s device and, outside autocast (where the projections cast their inputs), of
-    ``x``'s dtype.
-
-    Example:
-        >>> x = torch.randn(3, 4)
-        >>> check_edge_input(torch.randn(2, 5), x, "edge_attr")
-        >>> check_edge_input(torch.randn(2, 5, dtype=torch.float64), x, "edge_attr")
-        Traceback (most recent call last):
-        ...
-        TypeError: Expected 'edge_attr' of dtype torch.float32 (the dtype of x), got torch.float64 (convert it with .to(torch.float32), or use torch.autocast)
-    """  # noqa: E501
-    if not t.is_floating_point():
-        raise TypeError(f"Expected '{name}' of a floating dtype, got {t.dtype}")
-    if t.device != x.device:
-        raise ValueError(
-            f"Expected '{name}' on device {x.device} (the device of x), got {t.device}"
-        )
-    if t.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
-        raise TypeError(
-            f"Expected '{name}' of dtype {x.dtype} (the dtype of x), got {t.dtype} "
-            f"(convert it with .to({x.dtype}), or use torch.autocast)"
-        )
 
 
 class SelfAttentionConv(MessagePassing):

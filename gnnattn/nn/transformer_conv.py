@@ -12,9 +12,15 @@ from torch_geometric.nn import Linear, MessagePassing
 from torch_geometric.typing import OptTensor
 from torch_geometric.utils import softmax
 
-from ..checks import check_float, check_int, check_like, check_tensor, check_x
+from ..checks import (
+    check_edge_input,
+    check_float,
+    check_int,
+    check_like,
+    check_tensor,
+    check_x,
+)
 from ..ops import AttentionOutput, BackendChoice, check_backend
-from .conv import check_edge_input
 from .parts import AnyGraph, PartLike, attend, choose, graph_or_part
 from .pyg_path import PYG_PROPAGATE, pyg_edge_index, takes_pyg_path
 
