@@ -127,6 +127,10 @@ def test_errors():
         TransformerConv(4, 0)
     with pytest.raises(ValueError, match="dropout"):
         TransformerConv(4, 2, dropout=float("nan"))
+    with pytest.raises(ValueError, match=r"'dropout' in \[0, 1\], got 1.5"):
+        TransformerConv(4, 2, dropout=1.5)
+    with pytest.raises(ValueError, match=r"'edge_dim' to be a positive int or -1 \(lazy\), got 0"):
+        TransformerConv(4, 2, edge_dim=0)
     with pytest.raises(
         ValueError, match=r"'in_channels' to be a positive int or -1 \(lazy\), got 0"
     ):
@@ -145,7 +149,7 @@ def test_errors():
 )
 def test_lazy_in_channels_load_pygs_weights_both_ways(lazy, fixed):
     ref, _ = _pair(fixed, 3, heads=2, edge_dim=2, beta=True)
-    ours = TransformerConv(lazy, 3, heads=2, edge_dim=2, beta=True).double()
+    ours = TransformerConv(lazy, 3, heads=2, edge_dim=-1, beta=True).double()
     assert repr(ours) == repr(pyg_nn.TransformerConv(lazy, 3, heads=2))
     ei = _graph(9, 5 if isinstance(fixed, tuple) else 9, 20, 4)
     if isinstance(fixed, tuple):
@@ -158,11 +162,43 @@ def test_lazy_in_channels_load_pygs_weights_both_ways(lazy, fixed):
     _close(ours(x, ei, ea), ref(x, ei, ea), "PyG's weights in a lazy layer")
     # A lazy layer's first call sets its widths; its weights load into PyG's layer.
     torch.manual_seed(1)
-    fresh = TransformerConv(lazy, 3, heads=2, edge_dim=2, beta=True).double()
+    fresh = TransformerConv(lazy, 3, heads=2, edge_dim=-1, beta=True).double()
     out = fresh(x, ei, ea)
     assert out.dtype == torch.float64
     ref.load_state_dict(fresh.state_dict())
     _close(ref(x, ei, ea), out, "a lazy layer's weights in PyG's")
+
+
+@pytest.mark.parametrize("backend", ["mp", "fused"])
+def test_dropout_one_drops_every_weight_as_pygs(backend):
+    ref, ours = _pair(6, 3, heads=2, edge_dim=2, dropout=1.0)
+    ours.backend = backend
+    ei = _graph(7, 7, 20, 5)
+    ea = torch.randn(ei.shape[1], 2, dtype=torch.float64)
+    outs, grads = [], []
+    for conv in (ref, ours):
+        x = torch.randn(7, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+        out, (_, alpha) = conv(x, ei, ea, return_attention_weights=True)
+        out.sum().backward()
+        outs.append((out, alpha))
+        grads.append([p.grad for p in conv.parameters()])
+    _close(outs[1][0], outs[0][0], "output: the skip alone")
+    _close(outs[1][1], outs[0][1], "weights before dropout")
+    for g_ours, g_ref in zip(grads[1], grads[0], strict=True):
+        _close(g_ours, g_ref, "gradients (zero for q, k, v and the edge map)")
+    ours.eval()
+    assert ours(torch.randn(7, 6, dtype=torch.float64), ei, ea).isfinite().all()
+
+
+def test_a_lazy_edge_dim_takes_the_first_width_then_checks_it():
+    conv = TransformerConv(4, 3, edge_dim=-1)
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    with pytest.raises(ValueError, match=r"'edge_attr' of shape \[3, F\], got \[3\]"):
+        conv(torch.randn(3, 4), ei, torch.randn(3))
+    conv(torch.randn(3, 4), ei, torch.randn(3, 5))
+    assert conv.lin_edge.weight.shape == (3, 5)
+    with pytest.raises(ValueError, match=r"'edge_attr' of shape \[3, 5\], got \[3, 2\]"):
+        conv(torch.randn(3, 4), ei, torch.randn(3, 2))
 
 
 def test_a_lazy_layer_checks_the_widths_it_has():

@@ -111,7 +111,8 @@ class TransformerConv(MessagePassing):
             (default: :obj:`False`)
         dropout (float, optional): attention dropout in training.
             (default: ``0.0``)
-        edge_dim (int, optional): width of ``edge_attr``. (default: :obj:`None`)
+        edge_dim (int, optional): width of ``edge_attr``; ``-1`` reads it from
+            the first call. (default: :obj:`None`)
         bias (bool, optional): biases of the projections. (default: :obj:`True`)
         root_weight (bool, optional): add the skip :math:`\mathbf{W}_1
             \mathbf{x}_i`. (default: :obj:`True`)
@@ -163,8 +164,11 @@ class TransformerConv(MessagePassing):
         src, dst = _channels(in_channels, "in_channels")
         check_int(out_channels, "out_channels", min=1)
         check_int(heads, "heads", min=1)
-        check_float(dropout, "dropout", lo=0.0, hi=1.0)
-        check_int(edge_dim, "edge_dim", min=1, optional=True)
+        # PyG takes p = 1 (F.dropout's bound), where the operator stops below it.
+        if not 0.0 <= check_float(dropout, "dropout") <= 1.0:
+            raise ValueError(f"Expected 'dropout' in [0, 1], got {dropout}")
+        if edge_dim is not None:
+            _check_width(edge_dim, "edge_dim")
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.heads = heads
@@ -270,13 +274,20 @@ class TransformerConv(MessagePassing):
             edge_attr=edge_attr,
             edge_key=w_edge,
             edge_value=w_edge,
-            dropout_p=self.dropout if self.training else 0.0,
+            dropout_p=self._attention_p(),
             backend=backend,
             need_weights=need_weights,
         )
-        if isinstance(res, AttentionOutput):
-            return res.out, res.weights
-        return res, None
+        out, alpha = (res.out, res.weights) if isinstance(res, AttentionOutput) else (res, None)
+        if self.training and self.dropout == 1.0:
+            # Every weight dropped, as F.dropout(p=1) in PyG's layer: zero messages,
+            # zero gradients to q, k and v (the operator takes p < 1 only).
+            out = out * 0.0
+        return out, alpha
+
+    def _attention_p(self) -> float:
+        """The operator's dropout: the layer's in training, below 1 (see :meth:`_attend`)."""
+        return self.dropout if self.training and self.dropout < 1.0 else 0.0
 
     def _propagate(
         self, q: Tensor, k: Tensor, v: Tensor, graph: AnyGraph, edge_attr: Tensor | None
@@ -336,7 +347,7 @@ class TransformerConv(MessagePassing):
             x_dst.new_empty(0, self.heads, self.out_channels),
             graph,
             backend=backend,
-            dropout_p=self.dropout if self.training else 0.0,
+            dropout_p=self._attention_p(),
             edge_attr=edge_attr is not None,
         )
 
@@ -373,23 +384,34 @@ class TransformerConv(MessagePassing):
         )
 
     def _edge_attr(self, edge_attr: Tensor | None, graph: AnyGraph, x: Tensor) -> Tensor | None:
-        if self.lin_edge is None:
+        lin = self.lin_edge
+        if lin is None:
             # PyG ignores edge_attr without edge_dim: so does this layer.
             return None
+        width = _width(lin)
+        shown = "F" if width is None else width
         if edge_attr is None:
             raise ValueError(
-                f"Expected 'edge_attr' of shape [E, {self.edge_dim}] (the layer has "
+                f"Expected 'edge_attr' of shape [E, {shown}] (the layer has "
                 f"edge_dim={self.edge_dim}), got None"
             )
         check_tensor(edge_attr, "edge_attr")
-        if edge_attr.dim() == 1 and self.edge_dim == 1:
+        if edge_attr.dim() == 1 and width == 1:
             edge_attr = edge_attr.view(-1, 1)
-        if edge_attr.dim() != 2 or edge_attr.shape != (graph.num_edges, self.edge_dim):
+        if (
+            edge_attr.dim() != 2
+            or edge_attr.shape[0] != graph.num_edges
+            or edge_attr.shape[1] != (width or edge_attr.shape[1])
+        ):
             raise ValueError(
-                f"Expected 'edge_attr' of shape [{graph.num_edges}, {self.edge_dim}], got "
+                f"Expected 'edge_attr' of shape [{graph.num_edges}, {shown}], got "
                 f"{list(edge_attr.shape)}"
             )
         check_edge_input(edge_attr, x, "edge_attr")
+        if width is None:
+            # A lazy edge_dim (-1): the fused path reads lin_edge's weight without
+            # calling lin_edge, so its width is set here, as its first call would.
+            lin.initialize_parameters(lin, (edge_attr,))
         return graph.select_edges(edge_attr)
 
     def __repr__(self) -> str:
