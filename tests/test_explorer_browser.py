@@ -666,6 +666,25 @@ def test_a_row_without_weight_shows_no_nan_or_inf(open_page):
     assert p.tab.locator("#softmax table").count() == 0
 
 
+def test_a_row_of_minus_inf_scores_shows_m_i_as_minus_inf(open_page):
+    # Given scores, a row whose scores are all -inf has no max: it showed m_i = 0.
+    ei = complete_graph(3)
+    scores = torch.randn(9, 1, generator=torch.Generator().manual_seed(0))
+    scores[ei[1] == 1] = float("-inf")
+    alpha = scatter_softmax(scores, ei[1], 3)
+    p = open_page(explore((ei, alpha), scores=scores, tokens=["a", "b", "c"]))
+    text = p.hover(p.js("([i, j]) => gnnattnExplorer.cellPoint(i, j)", [1, 0]))
+    assert "target max m_i = −inf" in text and "no weight" in text and "NaN" not in text
+    assert "no max to subtract" in _focus(p, 1)
+    foot = p.tab.locator("#softmax tfoot tr")
+    assert foot.count() == 1
+    assert foot.nth(0).locator("td").all_inner_texts() == ["sum", "", "", "no weight", "0"]
+    # A row with finite scores keeps its max.
+    text = p.hover(p.js("([i, j]) => gnnattnExplorer.cellPoint(i, j)", [0, 0]))
+    m = float(scores[ei[1] == 0].max())
+    assert _shown(text, "target max m_i") == pytest.approx(m, rel=1e-3)
+
+
 def _matrix_rgb(p: Page, i: int, j: int) -> list[int]:
     """The colour of matrix cell (i, j) a third of a cell up-left of its centre, off its number."""
     return p.js(
@@ -741,3 +760,8 @@ def test_self_loops_stay_inside_the_canvas(open_page, layout):
         return [edge, all]; }"""
     )
     assert painted[1] > 0 and painted[0] == 0, painted
+    # Every loop answers the pointer (the top of a loop drawn below its node
+    # lay inside the node's hover disc: the node answered).
+    for v in range(page.num_nodes):
+        p.hover(p.js("([j, i]) => gnnattnExplorer.edgePoint(j, i)", [v, v]))
+        assert p.tab.get_attribute("#tooltip", "data-edge") == f"{v},{v}"

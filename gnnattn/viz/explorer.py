@@ -199,10 +199,11 @@ def _row_stats(
     }
     if scores is not None:
         m = alpha.new_full((n, h), -math.inf).scatter_reduce(0, dst, scores, "amax")
-        # A row whose scores are all -inf has weights 0: shift by 0, not by -inf.
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        # A row whose scores are all -inf has weights 0 and no max to subtract:
+        # its m_i shows as -inf, its sum (shifted by 0, not by -inf) as 0.
+        shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         stats["smax"] = m
-        stats["ssum"] = zeros.scatter_add(0, dst, torch.exp(scores - m[edge_index[1]]))
+        stats["ssum"] = zeros.scatter_add(0, dst, torch.exp(scores - shift[edge_index[1]]))
     return stats
 
 

@@ -732,7 +732,9 @@
     const a = L.alpha.subarray(h * L.E, (h + 1) * L.E);
     const amax = L.amax[h * N + i], asum = L.asum[h * N + i];
     if (L.scores) {
-      return { scored: true, known: true, m: L.smax[h * N + i], sum: L.ssum[h * N + i], asum: asum,
+      // known: a row whose scores are all -inf (m_i = -inf) has no max to subtract.
+      const m = L.smax[h * N + i];
+      return { scored: true, known: m > -Infinity, m: m, sum: L.ssum[h * N + i], asum: asum,
         s: function (e) { return L.scores[h * L.E + e]; },
         shifted: function (e) { return L.scores[h * L.E + e] - L.smax[h * N + i]; }, a: a };
     }
@@ -789,7 +791,11 @@
     }
     const f = rowFacts(L, S.head, i);
     lines.push(weight(f.a, "head " + S.head));
-    if (f.scored) {
+    if (f.scored && !f.known) {
+      lines.push("score s = " + each(f.s));
+      lines.push("target max m_i = " + fmt(f.m) + ",  s \u2212 m_i = \u2014,  target sum: no weight");
+      lines.push(ZERO_SCORED);
+    } else if (f.scored) {
       lines.push("score s = " + each(f.s));
       lines.push("target max m_i = " + fmt(f.m));
       lines.push("s \u2212 m_i = " + each(f.shifted) + ",  exp(s \u2212 m_i) = " +
@@ -811,6 +817,8 @@
   }
   const ZERO_ROW = "every weight of this target is 0 (every score \u2212inf, e.g. masked by " +
     "attn_bias): without scores= the shifts cannot be read from \u03b1";
+  const ZERO_SCORED = "every score of this target is \u2212inf (e.g. masked by attn_bias): its " +
+    "weights are 0, and there is no max to subtract";
   // Why a row has fewer edges on the page than in the layer.
   function cutWhy(L, i) {
     const top = L.cutRows !== null && L.cutRows[i] === 1, nb = ids !== null;
@@ -890,7 +898,7 @@
     if (!f) {
       box.append("div").attr("class", "hint").text("mean over heads: an average of " + L.H +
         " softmaxes, not a softmax itself; pick a head for the subtract-the-max steps");
-    } else if (!f.known) box.append("div").attr("class", "hint").text(ZERO_ROW);
+    } else if (!f.known) box.append("div").attr("class", "hint").text(f.scored ? ZERO_SCORED : ZERO_ROW);
     const cols = !f ? ["source j", "\u03b1 (mean)"]
       : f.scored ? ["source j", "s = q\u00b7k", "s \u2212 max", "exp(s \u2212 max)", "\u03b1"]
         : ["source j", "s \u2212 max", "exp(s \u2212 max)", "\u03b1"];
@@ -1140,7 +1148,8 @@
   // --------------------------------------------------------- for the tests
   function quadMid(e) {
     const L = cur(), j = L.src[e], i = L.dst[e];
-    if (i === j) { const c = loopOf(i); return [c[0], c[1] - c[2]]; }
+    // A loop's far side: its near side lies within the node's own hover disc.
+    if (i === j) { const c = loopOf(i), d = loopDir(i); return [c[0] + d[0] * c[2], c[1] + d[1] * c[2]]; }
     const c = control(j, i);
     return [0.25 * sx[j] + 0.5 * c[0] + 0.25 * sx[i], 0.25 * sy[j] + 0.5 * c[1] + 0.25 * sy[i]];
   }
