@@ -138,6 +138,8 @@ def test_batch_with_gaps_in_graph_ids() -> None:
     x, ei, _, _ = make_batch([3, 4, 2])
     batch = torch.tensor([0, 0, 0, 2, 2, 2, 2, 5, 5])
     assert_same(ref, ours, x, ei, batch)
+    # Empty graphs first, as a PyG Batch of them gives: ids past the node count.
+    assert_same(ref, ours, x, ei, torch.tensor([3, 3, 3, 6, 6, 6, 6, 12, 12]))
 
 
 @pytest.mark.parametrize("norm", ["batch_norm", "layer_norm", "graph_norm", None])

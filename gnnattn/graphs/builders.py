@@ -64,9 +64,10 @@ def _sequence_layout(
     if batch.numel() == 0:
         empty = batch.new_zeros(0)
         return empty, empty, dev
-    counts = torch.bincount(batch)
+    # The graphs are runs of equal ids (sorted): gaps and huge ids cost nothing.
+    _, graph, counts = torch.unique_consecutive(batch, return_inverse=True, return_counts=True)
     starts = torch.cumsum(counts, 0) - counts
-    return starts[batch], counts[batch], dev
+    return starts[graph], counts[graph], dev
 
 
 def _expand(deg: Tensor, first_src: Tensor) -> Tensor:
@@ -288,7 +289,7 @@ def sequence_lengths(batch: Tensor) -> list[int]:
     """
     if batch.numel() == 0:
         return []
-    return [int(c) for c in torch.bincount(batch).tolist() if c > 0]
+    return torch.unique_consecutive(batch, return_counts=True)[1].tolist()
 
 
 def structured_edge_index(

@@ -219,9 +219,9 @@ def _graphs(num_nodes: int | None, batch: Tensor | None) -> tuple[int, Tensor, T
     if n == 0:
         empty = torch.zeros(0, dtype=torch.long)
         return 0, empty, empty, empty
-    counts = torch.bincount(b)
-    lengths = counts[counts > 0]
-    # Ids no node carries are no graph: the graph index counts only those with nodes.
+    # The runs of equal ids: ids no node carries are no graph, so the graph
+    # index counts only those with nodes (and a huge id costs nothing).
+    lengths = torch.unique_consecutive(b, return_counts=True)[1]
     starts = torch.cumsum(lengths, 0) - lengths
     graph = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
     return n, graph, starts, lengths

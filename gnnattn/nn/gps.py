@@ -610,9 +610,8 @@ class GPSConv(torch.nn.Module):
             lengths = found if isinstance(found, list) else []
         else:
             b = b.long()
-            # Clamped so that a negative id reaches the check below instead of
-            # bincount's error.
-            counts = torch.bincount(b.clamp_min(0))
+            # The runs of equal ids (a huge id costs nothing; gaps make no run).
+            counts = torch.unique_consecutive(b, return_counts=True)[1]
             flags = torch.stack([(b[1:] < b[:-1]).any(), b[0] < 0]).long()
             host = torch.cat([flags, counts]).tolist()
             unsorted, negative, lengths = bool(host[0]), bool(host[1]), host[2:]
@@ -624,8 +623,8 @@ class GPSConv(torch.nn.Module):
         if negative:
             raise ValueError(f"Expected 'batch' to hold graph ids >= 0, got {int(b.min())}")
         # Ids that no node carries (gaps) are empty graphs: PyG's to_dense_batch
-        # drops their all-padding rows, so they have no block here.
-        return AttentionGraph.complete(lengths=[c for c in lengths if c], device=x.device)
+        # drops their all-padding rows, so they have no block here (no run).
+        return AttentionGraph.complete(lengths=lengths, device=x.device)
 
     def __repr__(self) -> str:
         return (

@@ -25,23 +25,27 @@ __all__ = ["batch_lengths", "buckets", "norm_bound"]
 @numba.njit(cache=True, nogil=True)
 def _batch_lengths(b: np.ndarray) -> tuple:  # pragma: no cover - compiled
     """``(sorted, negative, counts)`` of a batch vector: the order is checked first (an
-    unsorted vector is that, whatever its ids), then the sign of the first id."""
+    unsorted vector is that, whatever its ids), then the sign of the first id; the
+    counts are those of the runs of equal ids (so a huge id costs nothing)."""
     n = b.shape[0]
     for i in range(1, n):
         if b[i] < b[i - 1]:
             return False, False, np.zeros(0, np.int64)
     if n and b[0] < 0:
         return True, True, np.zeros(0, np.int64)
-    counts = np.zeros(b[n - 1] + 1 if n else 0, np.int64)
+    counts = np.zeros(n, np.int64)
+    g = -1
     for i in range(n):
-        counts[b[i] & _NN] += 1
-    return True, False, counts
+        if i == 0 or b[i] != b[i - 1]:
+            g += 1
+        counts[g] += 1
+    return True, False, counts[: g + 1]
 
 
 def batch_lengths(batch: Tensor) -> list[int] | str:
     """The node count of each graph of a sorted PyG ``batch`` vector (on the CPU), or why
     it is not one: ``"unsorted"`` or ``"negative"`` (in that order, as the device check
-    of :class:`~gnnattn.nn.GPSConv` finds them). Ids no node carries count 0."""
+    of :class:`~gnnattn.nn.GPSConv` finds them). Ids no node carries are no graph."""
     ordered, negative, counts = _batch_lengths(batch.contiguous().numpy())
     if not ordered:
         return "unsorted"
