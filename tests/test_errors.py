@@ -296,3 +296,31 @@ def test_graph_transformer_layer_names_x_of_another_width(norm_first):
     for layer in (GraphTransformerLayer(8, 2, norm_first=norm_first), GraphTransformer(1, 8, 2)):
         with pytest.raises(ValueError, match=r"'x' of shape \[N, 8\], got \[5, 4\]"):
             layer(torch.randn(5, 4), EI)
+
+
+def test_graph_helpers_name_their_bad_arguments(monkeypatch):
+    from gnnattn import AttentionGraph, edge_index_to_mask
+    from gnnattn.graphs import global_graphs, reorder, with_virtual_nodes
+    from gnnattn.graphs.blocks import fill_estimate
+
+    ring = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    # The size is checked before 2**30 virtual nodes' edges are made (gigabytes).
+    monkeypatch.setattr(global_graphs, "_virtual_edges", lambda *a: pytest.fail("edges made"))
+    with pytest.raises(ValueError, match=r"at most \d+ nodes"):
+        with_virtual_nodes(ring, 2**30, 3)
+    monkeypatch.undo()
+    graph = AttentionGraph(ring, 3)
+    for block in (0, -8):
+        with pytest.raises(ValueError, match=f"'block' to be a positive int, got {block}"):
+            fill_estimate(graph, block)
+    with pytest.raises(TypeError, match="'block' to be an int or None, got float"):
+        fill_estimate(graph, 2.5)
+    with pytest.raises(TypeError, match="'num_nodes' to be an int, got float"):
+        edge_index_to_mask(ring, 3.0)
+    with pytest.raises(ValueError, match=r"'num_nodes' equal to the graph's 3, got 10"):
+        reorder(graph, num_nodes=10)
+    adj = torch.sparse_csc_tensor(
+        torch.tensor([0, 3, 2, 4]), torch.tensor([0, 1, 2, 0]), torch.ones(4), (3, 3)
+    )
+    with pytest.raises(ValueError, match=r"'edge_index.ccol_indices\(\)' non-decreasing"):
+        AttentionGraph(adj)

@@ -127,7 +127,7 @@ def test_transposed_csr_built_once_per_graph(monkeypatch, host):
         owner, name = cpu_module, "csc_plan_tensors"
     else:
         monkeypatch.setattr(graph_module, "_on_host", lambda t: False)
-        owner, name = graph_module, "transpose_csr"
+        owner, name = graph_module, "_transpose_csr"
     build = getattr(owner, name)
 
     def counting(*args, **kwargs):
@@ -466,6 +466,27 @@ def test_int32_edges_and_uncoalesced_coo_made_in_inference_mode_then_training():
     assert x.grad is not None and x3.grad is not None
 
 
+def test_composed_graphs_and_orders_made_in_inference_mode_then_training():
+    from gnnattn.graphs import expander_graph, exphormer_graph, reorder, with_virtual_nodes
+
+    ring = torch.tensor([[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 0]])
+    with torch.inference_mode():
+        graphs = [
+            (exphormer_graph(ring, 6, expander_degree=2, virtual_nodes=1, seed=0), 7),
+            (expander_graph(8, 3, seed=0), 8),
+            (with_virtual_nodes(ring, 1, 6), 7),
+        ]
+        order = reorder(sliding_window_graph(6, window=1))
+    layer = SelfAttentionConv(D, H)
+    for graph, n in graphs:
+        x = torch.randn(n, D, requires_grad=True)
+        layer(x, graph).sum().backward()
+        assert x.grad is not None
+    x = torch.randn(6, D, requires_grad=True)
+    order.apply(x).sum().backward()
+    assert torch.equal(x.grad, torch.ones(6, D))
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_sparse_csr_adjacency_made_in_inference_mode_then_training(dtype):
     adj = torch.sparse_csr_tensor(
@@ -588,6 +609,20 @@ def test_edges_changed_in_place_are_refused_on_every_backend(backend):
     torch.testing.assert_close(
         layer(x, fresh, backend="mp"), layer(x, fresh, backend="fused"), atol=1e-5, rtol=1e-5
     )
+
+
+@pytest.mark.parametrize(
+    "copy_of",
+    [copy.copy, copy.deepcopy, lambda g: pickle.loads(pickle.dumps(g)), lambda g: g.to("meta")],
+)
+def test_a_copy_does_not_hide_an_in_place_change(copy_of):
+    # A copy starts a fresh version count: it carried the stale CSR unnoticed.
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    graph = AttentionGraph(ei, 3)
+    assert graph.csr.ptr.numel() == 4  # built
+    ei[0, 0] = 2
+    with pytest.raises(ValueError, match="modified in place"):
+        copy_of(graph)
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "auto"])

@@ -99,6 +99,26 @@ def test_csr_pointers_and_unsorted_input():
     assert torch.equal(s, ei) and torch.equal(shuffled[:, p], ei)
 
 
+@pytest.mark.parametrize("host", [True, False])
+def test_csr_layouts_refuse_ids_out_of_range_on_every_path(host, monkeypatch):
+    # The torch path (other devices, no numba) made a corrupt CSR of them.
+    import gnnattn.graphs.csr as csr_module
+    from gnnattn.graphs import transpose_csr
+
+    if not host:
+        monkeypatch.setattr(csr_module, "_on_host", lambda t: False)
+    with pytest.raises(ValueError, match=r"edge_index.*3.*got 9"):
+        to_csr(torch.tensor([[0, 1, 2], [1, 9, 0]]), 3)
+    with pytest.raises(ValueError, match=r"edge_index.*3.*got 7"):
+        to_csr(torch.tensor([[0, 1, 7], [0, 1, 2]]), 3)
+    with pytest.raises(ValueError, match=r"3.*got 9"):
+        transpose_csr(torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 9]), 3)
+    with pytest.raises(ValueError, match="source ids .* below the number of nodes 2, got 5"):
+        sort_by_target(torch.tensor([[5, 0], [0, 1]]), num_src=2)
+    csr = to_csr(torch.tensor([[2, 0, 1], [1, 0, 1]]), 3)
+    assert csr.ptr.tolist() == [0, 1, 3, 3] and csr.col.tolist() == [0, 1, 2]
+
+
 def test_isolated_nodes_in_csr():
     ei = torch.tensor([[0, 2], [2, 2]])
     assert to_csr(ei, 4).ptr.tolist() == [0, 0, 0, 2, 2]

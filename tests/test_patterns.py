@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 import torch
@@ -12,10 +13,12 @@ from gnnattn import (
     SelfAttentionConv,
     attention,
     bigbird_graph,
+    complete_graph,
     dense_self_attention,
     dilated_window_graph,
     edge_index_to_mask,
     mask_to_edge_index,
+    sliding_window_graph,
 )
 from gnnattn.graphs import Pattern, is_sorted_by_target, pattern_of
 
@@ -226,3 +229,23 @@ def test_empty_and_tiny():
     assert bigbird_graph(0).num_edges == 0
     one = bigbird_graph(1, block_size=4, num_global=0, num_random_blocks=2)
     assert one.edge_index.tolist() == [[0], [0]]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(num_global=10**7, num_random_blocks=0),
+        dict(window_blocks=10**7, num_global=0, num_random_blocks=0),
+        dict(num_random_blocks=10**7, num_global=0),
+    ],
+)
+def test_bigbird_arguments_past_the_sequence_cost_no_memory(kw):
+    # Each reads every block of a 64-token sequence: the complete graph. Their
+    # [Q, 2w + 1], [Q, g / b] and [Q, r] candidate tables took gigabytes.
+    g = bigbird_graph(64, block_size=1, **kw)
+    assert torch.equal(g.edge_index, complete_graph(64))
+    assert pattern_of(g).random_blocks.shape[1] <= 64
+
+
+def test_an_unbounded_sliding_window_is_the_complete_graph():
+    assert torch.equal(sliding_window_graph(5, window=sys.maxsize), complete_graph(5))

@@ -560,6 +560,7 @@ def fill_estimate(graph: AttentionGraph, block: int | None = None) -> float:
         >>> round(fill_estimate(AttentionGraph(sliding_window_graph(256, window=32)), 64), 3)
         0.544
     """
+    check_int(block, "block", min=1, optional=True)
     b = default_block(graph.device) if block is None else block
     made = graph.peek(("tiles", b))
     if made is not None:

@@ -196,6 +196,8 @@ def sliding_window_graph(
     """
     check_int(window, "window")
     start, length, dev = _sequence_layout(num_nodes, batch, device)
+    # N bounds every sequence's length: a larger window (sys.maxsize) would wrap pos + window.
+    window = min(window, start.numel())
     pos = torch.arange(start.numel(), device=dev) - start
     lo = (pos - window).clamp_min(0)
     hi = pos if causal else torch.minimum(pos + window, length - 1)
@@ -220,6 +222,8 @@ def edge_index_to_mask(edge_index: Tensor, num_nodes: int, num_src: int | None =
                 [ True,  True, False],
                 [ True,  True,  True]])
     """
+    check_int(num_nodes, "num_nodes")
+    check_int(num_src, "num_src", optional=True)
     num_src = num_nodes if num_src is None else num_src
     check_edge_index(edge_index, num_src, num_nodes)
     mask = torch.zeros(num_nodes, num_src, dtype=torch.bool, device=edge_index.device)

@@ -14,6 +14,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .validate import check_edge_index
+
 __all__ = [
     "CSC",
     "CSR",
@@ -75,6 +77,9 @@ def sort_by_target(edge_index: Tensor, num_src: int | None = None) -> tuple[Tens
     """
     if edge_index.shape[1] == 0:
         return edge_index, torch.zeros(0, dtype=torch.long, device=edge_index.device)
+    if num_src is not None and not torch.compiler.is_compiling():
+        # A larger source id would make keys of the next target's: unsorted edges.
+        check_edge_index(edge_index, num_src, int(edge_index[1].max()) + 1)
     perm = _target_order(edge_index, num_src)
     return edge_index[:, perm], perm
 
@@ -117,6 +122,14 @@ def to_csr(edge_index: Tensor, num_nodes: int, num_src: int | None = None) -> CS
         tensor([0, 1, 3, 6])
     """
     num_src = num_nodes if num_src is None else num_src
+    if not _on_host(edge_index) and not torch.compiler.is_compiling():
+        # The host's pass checks the ids as it counts; torch's ops would not.
+        check_edge_index(edge_index, num_src, num_nodes)
+    return _to_csr(edge_index, num_nodes, num_src)
+
+
+def _to_csr(edge_index: Tensor, num_nodes: int, num_src: int) -> CSR:
+    """:func:`to_csr` of checked edges (an :class:`~gnnattn.AttentionGraph`'s)."""
     if _on_host(edge_index):
         from ..kernels.cpu.layouts import csr_order
 
@@ -197,6 +210,18 @@ def transpose_csr(
         >>> tptr.tolist(), trow.tolist(), tperm.tolist()
         ([0, 1, 3], [0, 0, 1], [1, 0, 2])
     """
+    if not _on_host(col) and not torch.compiler.is_compiling() and col.numel():
+        # The host's pass checks the ids as it counts; torch's ops would not.
+        lo, hi = (int(t) for t in torch.aminmax(col))
+        if lo < 0 or hi >= num_src:
+            raise ValueError(
+                f"Expected 'col' to hold source ids in [0, {num_src}), got {lo if lo < 0 else hi}"
+            )
+    return _transpose_csr(ptr, col, num_src, dtype)
+
+
+def _transpose_csr(ptr: Tensor, col: Tensor, num_src: int, dtype: torch.dtype = torch.int64) -> CSC:
+    """:func:`transpose_csr` of a checked CSR (an :class:`~gnnattn.AttentionGraph`'s)."""
     if _on_host(col):
         from ..kernels.cpu.layouts import transpose
 

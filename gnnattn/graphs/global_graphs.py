@@ -539,9 +539,12 @@ def _assemble(
     target *= n
     col = np.subtract(edge, target, out=edge).astype(np.int32)  # the sources
     del edge, target
-    csr = CSR(torch.from_numpy(ptr), torch.from_numpy(col), None)
-    comp = GraphComposition(edge_kind=torch.from_numpy(kinds), **composition)
-    return ComposedGraph._built(csr, comp).to(device)
+    # Normal tensors even under inference_mode: a graph built there may be
+    # trained on (autograd refuses to save inference tensors).
+    with torch.inference_mode(False):
+        csr = CSR(torch.from_numpy(ptr), torch.from_numpy(col), None)
+        comp = GraphComposition(edge_kind=torch.from_numpy(kinds), **composition)
+        return ComposedGraph._built(csr, comp).to(device)
 
 
 def _input_edges(edge_index: Any, num_nodes: int, name: str = "edge_index") -> Tensor:
@@ -697,6 +700,7 @@ def with_virtual_nodes(
         ei = _input_edges(g_plain, num_nodes, "graph")
         dev = g_plain.device
     n, graph_of, _, lengths = _graphs(num_nodes, batch)
+    _check_size(n + k * lengths.numel())  # before the virtual edges: O(N k) of them
     parts = [(ei[0], ei[1], _INPUT), *_virtual_edges(graph_of, n, k)]
     composition = {
         "num_real": n,

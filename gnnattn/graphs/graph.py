@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..checks import check_int
 from .builders import resolve_lengths, structured_edge_index
-from .csr import CSC, CSR, _on_host, segment_ids, to_csr, transpose_csr
+from .csr import CSC, CSR, _on_host, _to_csr, _transpose_csr, segment_ids
 from .inputs import canonical_device, normalize
 from .structure import Structure, detect_structure
 from .validate import check_edge_index
@@ -452,6 +452,9 @@ class AttentionGraph:
         )
 
     def __getstate__(self) -> dict[str, Any]:
+        # A copy (pickle, deepcopy, to()) starts a fresh version count: edges
+        # changed in place since building would pass unnoticed with the stale CSR.
+        self._check_unchanged()
         # The lock cannot be pickled, and derived data is rebuilt on demand.
         state = dict(self.__dict__)
         state.pop("_lock")
@@ -509,7 +512,7 @@ class AttentionGraph:
     def csr(self) -> CSR:
         """Destination-sorted CSR (``ptr``, ``col``, ``perm``), built once."""
         self._check_unchanged()
-        return self._derive("_csr", lambda: to_csr(self.edge_index, self.num_dst, self.num_src))
+        return self._derive("_csr", lambda: _to_csr(self.edge_index, self.num_dst, self.num_src))
 
     @property
     def csc(self) -> CSC:
@@ -529,7 +532,7 @@ class AttentionGraph:
                 tptr, trow, tperm, plan = make(csr.ptr, csr.col, self.num_src, dtype)
                 self._cache.setdefault(self._plan_key("csc"), plan)
                 return CSC(tptr, trow, tperm)
-            return transpose_csr(csr.ptr, csr.col, self.num_src, dtype=dtype)
+            return _transpose_csr(csr.ptr, csr.col, self.num_src, dtype=dtype)
 
         return self._derive("_csc", build)
 
@@ -685,6 +688,7 @@ class AttentionGraph:
     def to(self, device: torch.device | str) -> AttentionGraph:
         """The same graph on ``device`` (what was built moves with it)."""
         device = canonical_device(device)
+        self._check_unchanged()
         if device == self._device:
             return self
         g = copy.copy(self)  # a new lock and an empty cache: see __getstate__

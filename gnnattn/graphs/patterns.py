@@ -60,7 +60,8 @@ class Pattern:
             first :math:`\min(g, T)` of each).
         num_random: :math:`r`, BigBird's random key blocks per query block.
         seed: the seed the random blocks were drawn with.
-        random_blocks: ``[Q, r]`` int64, the random key blocks of each of the
+        random_blocks: ``[Q, min(r, B)]`` int64 (:math:`B` the blocks of the
+            longest sequence), the random key blocks of each of the
             :math:`Q` query blocks (all sequences, in order; block ids count
             from each sequence's first block), ascending, ``-1`` where a
             query block had fewer than :math:`r` blocks to draw from.
@@ -321,12 +322,16 @@ def bigbird_graph(
     seq = torch.repeat_interleave(torch.arange(t.numel()), nb)  # (Q,) sequence of each block
     qb = torch.arange(seq.numel()) - (torch.cumsum(nb, 0) - nb)[seq]  # (Q,) block in sequence
     gen = torch.Generator().manual_seed(seed)
-    rand = _random_blocks(qb, nb[seq], t[seq], b, w, g, r, bool(causal), gen)
+    # A sequence has at most nbmax blocks: wider windows, more global blocks or
+    # random draws add nothing but memory (Q rows of them), so they are capped.
+    nbmax = int(nb.max()) if nb.numel() else 0
+    rand = _random_blocks(qb, nb[seq], t[seq], b, w, g, min(r, nbmax), bool(causal), gen)
     pattern = Pattern("bigbird", seqs, bool(causal), w, 1, b, g, r, seed, rand)
 
     # Key blocks of each query block: window, random, and those holding global tokens;
     # "full" when all of a block's tokens are read, else only its tokens j < g.
-    gb = (g + b - 1) // b
+    w = min(w, nbmax)
+    gb = min((g + b - 1) // b, nbmax)
     win = qb[:, None] + torch.arange(-w, (0 if causal else w) + 1)  # (Q, 2w + 1)
     glob = torch.arange(gb).expand(qb.numel(), gb)  # (Q, gb)
     cand = torch.cat([win, rand, glob], 1)  # (Q, K)

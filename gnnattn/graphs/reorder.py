@@ -98,6 +98,10 @@ class Reordering(NamedTuple):
 
 
 def _square(graph: AttentionGraph | Tensor, num_nodes: int | None, what: str) -> AttentionGraph:
+    if isinstance(graph, AttentionGraph) and num_nodes not in (None, graph.num_nodes):
+        raise ValueError(
+            f"Expected 'num_nodes' equal to the graph's {graph.num_nodes}, got {num_nodes}"
+        )
     g = graph if isinstance(graph, AttentionGraph) else AttentionGraph(graph, num_nodes)
     if g.is_bipartite:
         raise ValueError(
@@ -184,9 +188,11 @@ def reorder(
             order = np.empty(0, np.int64)  # scipy's orderings fail on an empty matrix
         else:
             order = _rcm(adj) if method == "rcm" else _metis(adj, block)
-    perm = torch.from_numpy(np.ascontiguousarray(order, dtype=np.int64))
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(n)
+    # Normal tensors even under inference_mode: the order may serve training.
+    with torch.inference_mode(False):
+        perm = torch.from_numpy(np.ascontiguousarray(order, dtype=np.int64))
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(n)
     return Reordering(perm, inv)
 
 
