@@ -100,13 +100,13 @@ def test_identity_when_off_and_fallbacks() -> None:
     assert h.dtype == torch.float16 and 0.4 < (h != 0).float().mean() < 0.6
 
 
-@pytest.mark.parametrize("p", [-0.1, 1.0, math.nan])
+@pytest.mark.parametrize("p", [-0.1, 1.5, math.nan])
 def test_bad_p(p: float) -> None:
+    # torch.nn.Dropout's [0, 1], for the function and the module.
     with pytest.raises(ValueError, match="'p'"):
         dropout(torch.ones(3), p)
-    if p != 1.0:  # the module takes torch.nn.Dropout's [0, 1]
-        with pytest.raises(ValueError, match="'p'"):
-            Dropout(p)
+    with pytest.raises(ValueError, match="'p'"):
+        Dropout(p)
     with pytest.raises(ValueError, match=r"'p' in \[0, 1\], got 1.5"):
         Dropout(1.5)
 
@@ -207,8 +207,15 @@ def test_relu_dropout_off_and_fallbacks() -> None:
     assert torch.equal(relu_dropout(x, 0.0), torch.relu(x))
     h = relu_dropout(torch.ones(10_000, dtype=torch.float16), 0.5)
     assert h.dtype == torch.float16 and 0.4 < (h != 0).float().mean() < 0.6
-    with pytest.raises(ValueError, match="'p'"):
-        relu_dropout(x, 1.0)
+    with pytest.raises(ValueError, match=r"'p' in \[0, 1\], got 1.5"):
+        relu_dropout(x, 1.5)
+    # p = 1 drops every element, as F.dropout (PyG's layers take it).
+    x.requires_grad_()
+    for f in (dropout, relu_dropout):
+        y = f(x, 1.0)
+        assert torch.equal(y, torch.zeros_like(x))
+        (g,) = torch.autograd.grad(y.sum(), x)
+        assert torch.equal(g, torch.zeros_like(x))
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])

@@ -287,6 +287,18 @@ def test_gps_conv_names_x_of_another_dtype():
 
     with pytest.raises(TypeError, match=r"'x' of the layer's dtype torch.float32"):
         GPSConv(8, None, heads=2)(X.double(), EI)
+    conv = GPSConv(8, None, heads=2, norm=None, attn_edge_dim=3)
+    batch = torch.tensor([0, 0, 0, 1, 1])
+    with pytest.raises(TypeError, match=r"'attn_edge_attr' of dtype torch.float32 \(the dtype"):
+        conv(X, None, batch, attn_edge_attr=torch.randn(13, 3, dtype=torch.float64))
+
+
+def test_positional_encodings_refuse_integer_x():
+    from gnnattn.nn import LearnedPositionalEncoding, SinusoidalPositionalEncoding
+
+    for enc in (SinusoidalPositionalEncoding(4), LearnedPositionalEncoding(4, 4)):
+        with pytest.raises(TypeError, match="'x' of a floating dtype, got torch.int64"):
+            enc(torch.zeros(2, 4, dtype=torch.long))
 
 
 @pytest.mark.parametrize("norm_first", [True, False])

@@ -142,6 +142,20 @@ def test_batch_with_gaps_in_graph_ids() -> None:
     assert_same(ref, ours, x, ei, torch.tensor([3, 3, 3, 6, 6, 6, 6, 12, 12]))
 
 
+@pytest.mark.parametrize("backend", ["mp", "fused", "sdpa"])
+def test_dropout_one_drops_everything_as_pygs(backend: str) -> None:
+    # p = 1 is F.dropout's bound: PyG takes it, as dropout and as the attention's.
+    ref, ours = make_pair("gin", 2, dropout=1.0, attn_kwargs={"dropout": 1.0})
+    ref.train(), ours.train()
+    x, ei, _, batch = make_batch(BATCHES["skewed"])
+    assert_same(ref, ours, x, ei, batch, backend=backend)
+    ref, ours = make_pair("gin", 2, attn_kwargs={"dropout": 1.0})
+    ref.train(), ours.train()
+    assert_same(ref, ours, x, ei, batch, backend=backend)
+    with pytest.raises(ValueError, match=r"attn_kwargs\['dropout'\] in \[0, 1\], got 1.5"):
+        GPSConv(C, None, heads=2, attn_kwargs={"dropout": 1.5})
+
+
 @pytest.mark.parametrize("norm", ["batch_norm", "layer_norm", "graph_norm", None])
 def test_training_mode_without_dropout_matches_pyg(norm: str | None) -> None:
     # Deterministic in training when every dropout is 0: batch statistics, and
@@ -282,19 +296,20 @@ def test_state_dict_round_trips_both_ways_and_module_tree_is_pyg() -> None:
     assert_same(back, ours, x, ei, batch)
 
 
-def test_same_initialization_and_reset_parameters_as_pyg() -> None:
+def test_same_initialization_as_pyg_and_reset_parameters_resets_all() -> None:
     torch.manual_seed(3)
     ref = pyg_nn.GPSConv(C, make_conv("gcn"), heads=2, norm="layer_norm")
     torch.manual_seed(3)
     ours = GPSConv(C, make_conv("gcn"), heads=2, norm="layer_norm")
     for (n, a), b in zip(ref.state_dict().items(), ours.state_dict().values(), strict=True):
         assert torch.equal(a, b), n
-    torch.manual_seed(4)
-    ref.reset_parameters()
-    torch.manual_seed(4)
+    # reset_parameters resets every parameter; PyG's leaves attn.out_proj.weight as it is.
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.fill_(7.0)
     ours.reset_parameters()
-    for (n, a), b in zip(ref.state_dict().items(), ours.state_dict().values(), strict=True):
-        assert torch.equal(a, b), n
+    for n, p in ours.named_parameters():
+        assert not bool((p == 7.0).all()), n
 
 
 def test_exported_and_backend_for() -> None:
@@ -395,7 +410,7 @@ def test_performer_is_not_provided() -> None:
         ({"channels": 10, "heads": 4}, ValueError, "divisible by 'heads'"),
         ({"channels": 0}, ValueError, "'channels'"),
         ({"heads": 1.5}, TypeError, "'heads'"),
-        ({"dropout": 1.0}, ValueError, "'dropout'"),
+        ({"dropout": 1.5}, ValueError, r"'dropout' in \[0, 1\], got 1.5"),
         ({"backend": "dense"}, ValueError, "'backend'"),
         ({"attn_kwargs": {"add_bias_kv": True}}, ValueError, "add_bias_kv"),
         ({"attn_kwargs": {"add_zero_attn": True}}, ValueError, "add_zero_attn"),

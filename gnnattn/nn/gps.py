@@ -15,7 +15,14 @@ from torch_geometric.nn.inits import reset
 from torch_geometric.nn.resolver import activation_resolver, normalization_resolver
 from torch_geometric.typing import Adj
 
-from ..checks import check_float, check_int, check_like, check_tensor, check_x
+from ..checks import (
+    check_edge_input,
+    check_float,
+    check_int,
+    check_like,
+    check_tensor,
+    check_x,
+)
 from ..graphs import AttentionGraph, ComposedGraph, check_batch, exphormer_graph
 from ..ops import AttentionOutput, BackendChoice, attention, backend_for, check_backend
 from ..ops import dropout as stream_dropout
@@ -111,7 +118,7 @@ class GPSConv(torch.nn.Module):
         heads (int, optional): attention heads; must divide ``channels``.
             (default: ``1``)
         dropout (float, optional): dropout of the intermediate embeddings, in
-            ``[0, 1)``. (default: ``0.0``)
+            ``[0, 1]``. (default: ``0.0``)
         act (str or Callable, optional): the MLP's activation, resolved as
             PyG does. (default: ``"relu"``)
         act_kwargs (Dict[str, Any], optional): arguments of ``act``.
@@ -192,7 +199,9 @@ class GPSConv(torch.nn.Module):
                 f"Expected 'channels' divisible by 'heads', got channels={channels} and "
                 f"heads={heads}"
             )
-        check_float(dropout, "dropout", lo=0.0, hi=1.0)
+        # p = 1 is F.dropout's bound, which PyG's layer takes.
+        if not 0.0 <= check_float(dropout, "dropout") <= 1.0:
+            raise ValueError(f"Expected 'dropout' in [0, 1], got {dropout}")
         if attn_type == "performer":
             raise ValueError(
                 "Expected attn_type 'multihead' or 'exphormer', got 'performer': gnnattn's "
@@ -231,6 +240,8 @@ class GPSConv(torch.nn.Module):
         self.backend = check_backend(backend)
 
         self.attn = torch.nn.MultiheadAttention(channels, heads, batch_first=True, **attn_kwargs)
+        if not 0.0 <= check_float(self.attn.dropout, "attn_kwargs['dropout']") <= 1.0:
+            raise ValueError(f"Expected attn_kwargs['dropout'] in [0, 1], got {self.attn.dropout}")
         if self.attn.bias_k is not None or self.attn.add_zero_attn:
             raise ValueError(
                 "Expected 'attn_kwargs' without add_bias_kv and add_zero_attn (they add keys "
@@ -281,9 +292,13 @@ class GPSConv(torch.nn.Module):
             torch.nn.init.normal_(self.virtual_embedding)
 
     def reset_parameters(self) -> None:
-        """Re-initialize every learnable parameter, as PyG's ``GPSConv`` does."""
+        """Re-initialize every learnable parameter, as at construction (PyG's ``GPSConv``
+        leaves ``attn.out_proj.weight`` as it is)."""
         if self.conv is not None:
             self.conv.reset_parameters()
+        # As a new MultiheadAttention: out_proj's weight by its Linear (which
+        # _reset_parameters leaves out), then in_proj and a zero out_proj.bias.
+        self.attn.out_proj.reset_parameters()
         self.attn._reset_parameters()
         reset(self.mlp)
         for norm in (self.norm1, self.norm2, self.norm3):
@@ -401,8 +416,14 @@ class GPSConv(torch.nn.Module):
             graph,
             backend=self.backend if backend is None else backend,
             score_bias=bias is not None,
-            dropout_p=self.attn.dropout if self.training else 0.0,
+            dropout_p=self._attention_p(),
         )
+
+    def _attention_p(self) -> float:
+        """The operator's dropout: the attention's in training, below 1 (see
+        :meth:`_attention`)."""
+        p = self.attn.dropout
+        return p if self.training and p < 1.0 else 0.0
 
     def _norm(self, norm: torch.nn.Module | None, h: Tensor, batch: Tensor | None) -> Tensor:
         if norm is None:
@@ -436,11 +457,15 @@ class GPSConv(torch.nn.Module):
             v,
             graph,
             score_bias=score_bias,
-            dropout_p=attn.dropout if self.training else 0.0,
+            dropout_p=self._attention_p(),
             backend=self.backend if backend is None else backend,
             need_weights=need_weights,
         )
         out, alpha = (res.out, res.weights) if isinstance(res, AttentionOutput) else (res, None)
+        if self.training and attn.dropout == 1.0:
+            # Every weight dropped, as MultiheadAttention's F.dropout(p=1): zero
+            # messages, zero gradients to q, k and v (the operator takes p < 1 only).
+            out = out * 0.0
         # The virtual nodes' outputs are dropped: the layer returns the real nodes.
         return attn.out_proj(out[:n].reshape(n, self.channels)), alpha  # (N, D), (E_G, H)
 
@@ -495,11 +520,7 @@ class GPSConv(torch.nn.Module):
                 f"Expected 'attn_edge_attr' of shape [{graph.num_edges}, {self.attn_edge_dim}] "
                 f"(one row per edge of the attention graph), got {list(ea.shape)}"
             )
-        if not ea.is_floating_point() or ea.device != x.device:
-            raise TypeError(
-                f"Expected 'attn_edge_attr' floating and on {x.device}, got {ea.dtype} on "
-                f"{ea.device}"
-            )
+        check_edge_input(ea, x, "attn_edge_attr")
         mapped = self.attn_edge(graph.select_edges(ea, "attn_edge_attr"))  # (E_G, H)
         return mapped if bias is None else mapped + bias
 

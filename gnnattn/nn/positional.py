@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..checks import check_float, check_int
+from ..checks import check_float, check_int, check_x
 from ..graphs import check_batch
 
 __all__ = [
@@ -77,13 +77,6 @@ def _positions(x: Tensor, pos: Tensor | None, batch: Tensor | None) -> Tensor:
     return pos
 
 
-def _check_x(x: Tensor, width: int) -> None:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"Expected 'x' to be a Tensor, got {type(x).__name__}")
-    if x.dim() != 2 or x.shape[1] != width:
-        raise ValueError(f"Expected 'x' of shape [N, {width}], got {list(x.shape)}")
-
-
 class SinusoidalPositionalEncoding(torch.nn.Module):
     r"""Adds the fixed sinusoids of "Attention Is All You Need" to the nodes.
 
@@ -134,7 +127,7 @@ class SinusoidalPositionalEncoding(torch.nn.Module):
         self, x: Tensor, pos: Tensor | None = None, *, batch: Tensor | None = None
     ) -> Tensor:
         """``x + PE(pos)``; ``pos`` defaults to the positions within ``batch``'s sequences."""
-        _check_x(x, self.embed_dim)
+        check_x(x, self.embed_dim)
         return x + self.encoding(_positions(x, pos, batch), x.dtype)
 
     def __repr__(self) -> str:
@@ -176,7 +169,7 @@ class LearnedPositionalEncoding(torch.nn.Module):
         self, x: Tensor, pos: Tensor | None = None, *, batch: Tensor | None = None
     ) -> Tensor:
         """``x + P[pos]``; ``pos`` defaults to the positions within ``batch``'s sequences."""
-        _check_x(x, self.embed_dim)
+        check_x(x, self.embed_dim)
         p = _positions(x, pos, batch)
         if not torch.compiler.is_compiling() and p.numel():
             lo, hi = (int(t) for t in p.aminmax())  # one pass, one host read
@@ -240,7 +233,7 @@ class GraphPositionalEncoding(torch.nn.Module):
 
     def forward(self, x: Tensor, pe: Tensor) -> Tensor:
         """``x + W pe`` (with random column signs of ``pe`` in training, if enabled)."""
-        _check_x(x, self.embed_dim)
+        check_x(x, self.embed_dim)
         if not isinstance(pe, Tensor):
             raise TypeError(f"Expected 'pe' to be a Tensor, got {type(pe).__name__}")
         if pe.shape != (x.shape[0], self.pe_dim):

@@ -39,6 +39,12 @@ def _stream(x: Tensor) -> bool:
     )
 
 
+def _check_p(p: float) -> None:
+    # p = 1 is F.dropout's bound (every element zeroed), which PyG's layers take.
+    if not 0.0 <= check_float(p, "p") <= 1.0:
+        raise ValueError(f"Expected 'p' in [0, 1], got {p}")
+
+
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     r"""Zero each element of ``x`` with probability ``p`` and scale the rest.
 
@@ -48,7 +54,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     Args:
         x (torch.Tensor): any shape.
         p (float, optional): the probability of zeroing an element, in
-            ``[0, 1)``. (default: ``0.5``)
+            ``[0, 1]`` (at 1 every element, as ``F.dropout``). (default: ``0.5``)
         training (bool, optional): ``False`` returns ``x``. (default: ``True``)
 
     Shapes:
@@ -61,10 +67,10 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         >>> 0.88 < (y > 0).float().mean().item() < 0.92
         True
     """
-    check_float(p, "p", lo=0.0, hi=1.0)
+    _check_p(p)
     if not training or p == 0.0:
         return x
-    if not _stream(x):
+    if p == 1.0 or not _stream(x):
         return F.dropout(x, p, training=True)
     return torch.ops.gnnattn.dropout(x, draw_key(), p)
 
@@ -83,7 +89,7 @@ def relu_dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     Args:
         x (torch.Tensor): any shape.
         p (float, optional): the probability of zeroing an element, in
-            ``[0, 1)``. (default: ``0.5``)
+            ``[0, 1]`` (at 1 every element, as ``F.dropout``). (default: ``0.5``)
         training (bool, optional): ``False`` is ``relu(x)``. (default: ``True``)
 
     Shapes:
@@ -99,9 +105,9 @@ def relu_dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         >>> torch.equal(y, dropout(torch.relu(x), p=0.1))
         True
     """
-    check_float(p, "p", lo=0.0, hi=1.0)
+    _check_p(p)
     if not training or p == 0.0:
         return F.relu(x)
-    if not _stream(x):
+    if p == 1.0 or not _stream(x):
         return F.dropout(F.relu(x), p, training=True)
     return torch.ops.gnnattn.relu_dropout(x, draw_key(), p)
