@@ -1,7 +1,7 @@
 r"""Graph attention vs dense attention on the same weights: the parity harness.
 
 :func:`compare` runs one :class:`~gnnattn.SelfAttentionConv` through its graph
-backends (``"mp"``, ``"sdpa"``, ``"fused"``, chosen per call with
+backends (``"mp"``, ``"sdpa"``, ``"fused"``, ``"tiles"``, chosen per call with
 ``layer(x, graph, backend=...)``) and the same weights through the peers of
 :mod:`gnnattn.peers`: :class:`torch.nn.MultiheadAttention`,
 :func:`torch.nn.functional.scaled_dot_product_attention` (``"F.sdpa"``, called
@@ -54,6 +54,7 @@ CANDIDATES = (
     "mp",
     "sdpa",
     "fused",
+    "tiles",
     "nn.MultiheadAttention",
     "F.sdpa",
     "flex_attention",

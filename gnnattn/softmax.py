@@ -55,7 +55,7 @@ def _check(src: Tensor, index: Tensor, num_segments: int | None, dim: int) -> tu
     if not isinstance(index, Tensor):
         raise TypeError(f"Expected 'index' to be a Tensor, got {type(index).__name__}")
     if index.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"Expected 'index' of dtype torch.int64, got {index.dtype}")
+        raise TypeError(f"Expected 'index' of dtype torch.int64 or torch.int32, got {index.dtype}")
     if src.dim() == 0:
         raise ValueError("Expected 'src' with at least one dimension, got a scalar")
     if not -src.dim() <= dim < src.dim():

@@ -4,14 +4,18 @@ import pytest
 import torch
 
 from gnnattn import (
+    AttentionGraph,
     SelfAttentionConv,
     SimplifiedAttention,
+    attention,
     causal_graph,
     complete_graph,
     edge_index_to_mask,
+    scatter_softmax,
     sliding_window_graph,
 )
 from gnnattn.dense import dense_self_attention
+from gnnattn.ops import dropout
 
 X = torch.randn(5, 8)
 EI = complete_graph(5)
@@ -137,6 +141,17 @@ def test_from_torch_rejects_what_it_cannot_express():
             ValueError,
             r"'x' of shape \[N, 8\]",
         ),
+        (
+            lambda: attention(*(torch.randn(4, 2, c) for c in (0, 0, 3)), AttentionGraph.causal(4)),
+            ValueError,
+            r"'q' of head width C >= 1 for the default scale 1/sqrt\(C\), got C = 0",
+        ),
+        (
+            lambda: scatter_softmax(torch.ones(3), torch.zeros(3, dtype=torch.uint8)),
+            TypeError,
+            r"'index' of dtype torch.int64 or torch.int32, got torch.uint8",
+        ),
+        (lambda: dropout(torch.ones(3), float("nan")), ValueError, r"'p' in \[0, 1\], got nan"),
     ],
 )
 def test_bad_builder_and_reference_input(call, exc, match):

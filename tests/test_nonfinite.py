@@ -357,6 +357,25 @@ def test_overflowing_scores_agree_on_every_backend(backend, seed, dtype):
     _same(got, want, dtype, f"{backend} seed {seed} {dtype}")
 
 
+@pytest.mark.parametrize("scale", [1e150, 1e5])
+@pytest.mark.parametrize("backend", ["mp", "fused", "sdpa", "tiles"])
+def test_weights_of_huge_finite_scores_are_a_softmax(backend, scale):
+    # Finite scores whose rounding passes 1: the fused weights were exp(s - lse)
+    # with the kernel's lse, 0 or inf / inf = NaN rows. A softmax of the scores
+    # is exact at any magnitude; the weights equal mp's.
+    dtype = torch.float64 if scale > 1e38 else torch.float32
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(6, 2, 8, generator=gen, dtype=dtype) for _ in range(3))
+    q, k = q * scale, k * scale
+    graph = AttentionGraph.complete(6)
+    got = attention(q, k, v, graph, backend=backend, need_weights=True).weights
+    want = attention(q, k, v, graph, backend="mp", need_weights=True).weights
+    assert got.isfinite().all()
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    sums = got.view(6, 6, 2).sum(1)
+    torch.testing.assert_close(sums, torch.ones_like(sums))
+
+
 @pytest.mark.parametrize("backend", ["mp", "fused", "sdpa", "auto"])
 def test_float16_products_past_65504_agree_on_every_backend(backend):
     # 300 * 300 = 9e4 overflows float16 but not the float32 every backend reduces

@@ -107,7 +107,7 @@ def check_batch(
     if b.dim() != 1:
         raise ValueError(f"Expected 'batch' of shape [N], got {list(b.shape)}")
     if b.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"Expected 'batch' of dtype torch.int64, got {b.dtype}")
+        raise TypeError(f"Expected 'batch' of dtype torch.int64 or torch.int32, got {b.dtype}")
     if num_nodes is not None and b.numel() != num_nodes:
         raise ValueError(
             f"Expected 'batch' of length {num_nodes} (one id per row of x), got {b.numel()}"

@@ -60,6 +60,7 @@ __all__ = [
     "attention_fwd",
     "attention_scores",
     "attention_weights",
+    "softmax_weights",
     "block_attention_bwd",
     "block_attention_fwd",
     "dropout",
@@ -309,6 +310,25 @@ def attention_fwd(
         return out, lse
     edge_out = segment_sum(alpha.unsqueeze(-1) * _per_head(edge_attr), index, n)  # (N, H, F)
     return out, lse, edge_out
+
+
+def softmax_weights(
+    q: Tensor,
+    k: Tensor,
+    ptr: Tensor,
+    col: Tensor,
+    scale: float,
+    bias: Tensor | None = None,
+    *,
+    edge_attr: Tensor | None = None,
+    edge_query: Tensor | None = None,
+) -> Tensor:
+    """The weights ``alpha`` ``[E, H]`` (before dropout) by a stable softmax of the
+    recomputed scores: exact at any magnitude, where ``exp(s - lse)`` with another
+    computation's ``lse`` is not once a score's rounding passes 1."""
+    s = attention_scores(q, k, ptr, col, scale, bias)
+    s = _edge_score(s, ptr, edge_attr, edge_query, scale)
+    return segment_softmax(s, segment_ids(ptr, col.numel()), ptr.numel() - 1)
 
 
 def attention_weights(

@@ -614,7 +614,7 @@ class GPSConv(torch.nn.Module):
                 f"Expected 'batch' of shape [{n}] (one graph id per row of x), got {list(b.shape)}"
             )
         if b.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"Expected 'batch' of dtype torch.int64, got {b.dtype}")
+            raise TypeError(f"Expected 'batch' of dtype torch.int64 or torch.int32, got {b.dtype}")
         if b.device != x.device:
             raise ValueError(
                 f"Expected 'batch' on device {x.device} (the device of x), got {b.device}"

@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import kernels
-from ..checks import check_float
 from ..kernels.library import draw_key
 
 __all__ = ["dropout", "relu_dropout"]
@@ -41,7 +40,10 @@ def _stream(x: Tensor) -> bool:
 
 def _check_p(p: float) -> None:
     # p = 1 is F.dropout's bound (every element zeroed), which PyG's layers take.
-    if not 0.0 <= check_float(p, "p") <= 1.0:
+    # Not check_float's bounds: they are half-open, and a NaN fails this test too.
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise TypeError(f"Expected 'p' to be a float, got {type(p).__name__}")
+    if not 0.0 <= p <= 1.0:
         raise ValueError(f"Expected 'p' in [0, 1], got {p}")
 
 

@@ -173,7 +173,11 @@ def backend_for(
     """The backend :func:`gnnattn.attention` takes for these arguments, and why.
 
     Reads the declarations of :data:`DECLARATIONS`, the graph's structure and
-    the device of ``q``; the same inside ``torch.compile`` as outside.
+    the device of ``q``; the same inside ``torch.compile`` as outside. It reads
+    no tensor values: where it says ``"sdpa"`` or ``"tiles"``, a call whose
+    ``q``, ``k`` or ``v`` is not finite (or whose scores may overflow) runs
+    ``"fused"``, which keeps the non-finite rules (an explicit ``"sdpa"``
+    raises instead); the result's ``backend`` says what ran.
 
     Args:
         q (Tensor): the queries (only their device matters).

@@ -17,12 +17,12 @@ import torch
 from torch import Tensor
 
 from .. import kernels
-from ..graphs import AttentionGraph, segment_ids
+from ..graphs import AttentionGraph
 from ..kernels import library
 from ..kernels.common import acc_dtype
 from .args import AttentionArgs
 
-__all__ = ["fused_attention"]
+__all__ = ["edge_weights", "fused_attention"]
 
 
 def _kernel_dtype(t: Tensor) -> torch.dtype:
@@ -38,8 +38,8 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
 
     ``a.score_bias`` ``[|E|, H]`` and ``edge_attr`` ``[|E|, F]`` follow
     ``graph.edge_index``; they are put in CSR order here (a gather that
-    autograd undoes). The weights, when asked for, are recomputed from the
-    saved log-sum-exp (``|E| x H`` numbers) and are those before dropout.
+    autograd undoes). The weights, when asked for, are a softmax of the scores
+    recomputed on the edges (:func:`edge_weights`) and are those before dropout.
 
     Edge features (see :func:`gnnattn.attention`) by linearity, with no
     ``|E| x (H*C)`` tensor: ``q_i . W_k a_ij = (W_k^T q_i) . a_ij``, so the
@@ -121,7 +121,7 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
     elif edge_attr is not None and edge_value is not None:
         wv = edge_value.view(h, cv, -1).to(dtype)  # (H, Cv, F)
         out = out + torch.bmm(eo.transpose(0, 1), wv.transpose(1, 2)).transpose(0, 1)  # (N, H, Cv)
-    weights = _weights(qc, kc, graph, scale, lse, bc, eac, eqc) if a.need_weights else None
+    weights = edge_weights(qc, kc, graph, scale, bc, eac, eqc) if a.need_weights else None
     return out.to(q.dtype), lse, (weights.to(q.dtype) if weights is not None else None)
 
 
@@ -156,35 +156,21 @@ def _needs_csc(q: Tensor, v: Tensor, graph: AttentionGraph) -> bool:
 
 
 @torch.no_grad()
-def _weights(
+def edge_weights(
     q: Tensor,
     k: Tensor,
     graph: AttentionGraph,
     scale: float,
-    lse: Tensor,
-    bias: Tensor | None,
+    bias: Tensor | None = None,
     edge_attr: Tensor | None = None,
     edge_query: Tensor | None = None,
 ) -> Tensor:
-    """The weights ``[|E|, H]`` in ``graph.edge_index`` order, from the saved ``lse``."""
-    csr, ref = graph.csr, kernels.reference
-    w = ref.attention_weights(
-        q,
-        k,
-        csr.ptr,
-        csr.col,
-        scale,
-        lse.to(q.dtype),
-        bias,
-        edge_attr=edge_attr,
-        edge_query=edge_query,
+    """The weights ``[|E|, H]`` in ``graph.edge_index`` order: the softmax of the scores
+    recomputed on the edges (``|E| x H`` numbers, whatever the graph's structure)."""
+    csr = graph.csr
+    w = kernels.reference.softmax_weights(
+        q, k, csr.ptr, csr.col, scale, bias, edge_attr=edge_attr, edge_query=edge_query
     )
-    # The scores recomputed here and the kernel's log-sum-exp differ by
-    # rounding; renormalizing makes every row sum to 1 and keeps each weight
-    # <= 1 exactly, as on the other backends.
-    index = segment_ids(csr.ptr, csr.col.numel())
-    total = ref.segment_sum(w, index, graph.num_dst)
-    w = w / torch.where(total == 0, torch.ones_like(total), total)[index]
     if csr.perm is not None:
         w = torch.empty_like(w).index_copy_(0, csr.perm, w)
     return w

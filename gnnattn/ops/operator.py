@@ -246,6 +246,11 @@ def attention(
     _check(q, k, v, graph, score_bias, edge_attr, edge_key, edge_value)
     p = check_float(dropout_p, "dropout_p", lo=0.0, hi=1.0)
     if scale is None:
+        if q.shape[-1] == 0:
+            raise ValueError(
+                "Expected 'q' of head width C >= 1 for the default scale 1/sqrt(C), got C = 0 "
+                "(pass scale=)"
+            )
         scale = 1.0 / math.sqrt(q.shape[-1])
     else:
         # Not under compile, where a layer's scale may be a traced (symbolic) float.

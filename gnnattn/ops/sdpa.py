@@ -39,6 +39,7 @@ from ..graphs.graph import BLOCK_STARTS
 from ..kernels import COMPILED
 from ..kernels.common import acc_dtype
 from ..kernels.library import block_attention
+from .fused import edge_weights
 
 __all__ = [
     "BLOCK_KERNEL_MAX",
@@ -224,33 +225,11 @@ def compiled_blocks(q: Tensor, graph: AttentionGraph, dropout_p: float) -> bool:
     return _block_kernel(q, q, graph, dropout_p) and graph.peek(BLOCK_STARTS) is not None
 
 
-def _gather_weights(
-    q: Tensor, k: Tensor, graph: AttentionGraph, scale: float, mask: Tensor | None
-) -> Tensor:
-    """Attention weights ``[|E|, H]`` in ``graph.edge_index`` order, through the matrix."""
-    s = graph.structure
-    assert s is not None
-    n, h = q.shape[0], q.shape[1]
-    edge_index = graph.edge_index
-    out = q.new_zeros(edge_index.shape[1], h)
-    src, dst = edge_index[0], edge_index[1]
+def _gather_weights(q: Tensor, k: Tensor, graph: AttentionGraph, scale: float) -> Tensor:
+    """Attention weights ``[|E|, H]`` in ``graph.edge_index`` order, on the edges (a
+    structure's edges are exactly the graph's: no mask), in the accumulation dtype."""
     ct = acc_dtype(q.dtype)
-    start = 0
-    for t in s.lengths:
-        qb = q[start : start + t].transpose(0, 1).to(ct)  # (H, T, C)
-        kb = k[start : start + t].transpose(0, 1).to(ct)  # (H, T, C)
-        sc = torch.matmul(qb, kb.transpose(1, 2)) * scale  # (H, T, T)
-        if s.kind == "causal":
-            tri = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-            sc = sc.masked_fill(~tri, float("-inf"))
-        elif mask is not None:
-            sc = sc.masked_fill(~mask[:t, :t], float("-inf"))
-        p = torch.softmax(sc, dim=-1).to(q.dtype)  # (H, T, T)
-        sel = (dst >= start) & (dst < start + t)
-        out[sel] = p[:, dst[sel] - start, src[sel] - start].T
-        start += t
-    assert start == n
-    return out
+    return edge_weights(q.to(ct), k.to(ct), graph, scale).to(q.dtype)
 
 
 def sdpa_attention(
@@ -289,7 +268,7 @@ def sdpa_attention(
         return out, (q.new_zeros(0, h) if need_weights else None)
     if not s.uniform and _block_kernel(q, v, graph, dropout_p):
         out = block_attention(q, k, v, graph.block_starts(), scale)
-        weights = _gather_weights(q, k, graph, scale, None) if need_weights else None
+        weights = _gather_weights(q, k, graph, scale) if need_weights else None
         return out, weights
     # The structure's flags and longest block, and the block count from q's size, not
     # from the lengths: compiled, each length read would be a guard (a batch with
@@ -308,5 +287,5 @@ def sdpa_attention(
         out = ob.transpose(1, 2).reshape(n, h, cv)  # (N, H, Cv)
     else:
         out = _bucketed(q, k, v, graph, scale, dropout_p)
-    weights = _gather_weights(q, k, graph, scale, mask) if need_weights else None
+    weights = _gather_weights(q, k, graph, scale) if need_weights else None
     return out, weights
