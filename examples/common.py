@@ -101,6 +101,12 @@ def parse_training_args(
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    # Sizes: a zero or negative one would fail deep in torch (or train nothing).
+    sizes = ("steps", "embed_dim", "layers", "heads")
+    for key in sizes + (("block", "batch_size") if args.block is not None else ()):
+        value = getattr(args, key)
+        if value < 1:
+            p.error(f"--{key.replace('_', '-')}: expected a positive number, got {value}")
     if args.resume == Path(""):
         args.resume = args.out / ckpt_name
     return args

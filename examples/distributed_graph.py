@@ -183,6 +183,8 @@ def parse_args(argv: list[str] | None = None):
     quick = {"steps": 20, "nodes": 1000, "k": 8, "embed_dim": 16, "layers": 2}
     full = {"steps": 200, "nodes": 200_000, "k": 16, "embed_dim": 64, "layers": 3}
     args = parse_training_args(p, argv, ckpt_name=CKPT_NAME, quick=quick, full=full)
+    if not 1 <= args.k <= args.nodes:
+        p.error(f"--k: expected 1 to --nodes ({args.nodes}) neighbours, got {args.k}")
     # What shapes the run (not P, nor --partition: they only reorder float32 sums).
     keys = ("nodes", "k", "seed", "embed_dim", "layers", "heads", "lr")
     args.config = {key: getattr(args, key) for key in keys}
@@ -208,6 +210,11 @@ def main(argv: list[str] | None = None) -> dict | None:
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt = resume_on_every_rank(args.resume, CKPT_FIELDS, args.config, model)
     losses: list[float] = []
+    if ckpt is not None and ckpt["step"] > args.steps:
+        raise SystemExit(
+            f"{args.resume} is at step {ckpt['step']}, past --steps {args.steps}: raise "
+            "--steps, or start a new run"
+        )
     if ckpt is not None:
         load_field(args.resume, "optimizer", lambda: opt.load_state_dict(ckpt["optimizer"]))
         losses = list(ckpt["losses"][: ckpt["step"]])

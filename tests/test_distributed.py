@@ -256,6 +256,8 @@ def test_wrong_inputs_to_a_part_name_what_was_expected() -> None:
         partition(_random_graph(20, 60), 2, method="spectral")
     with pytest.raises(ValueError, match="'num_parts'"):
         partition(_random_graph(20, 60), 0)
+    with pytest.raises(ValueError, match=r"'num_nodes' None or 20 with an AttentionGraph.*999"):
+        partition(_random_graph(20, 60), 2, num_nodes=999)
     with pytest.raises(ValueError, match="'rank'"):
         partition(_random_graph(20, 60), 2).part(2)
     with pytest.raises(ValueError, match="'owner'"):

@@ -131,3 +131,22 @@ def test_graph_vs_dense_ticks_are_plain_numbers():
     shown = [t for t in texts if t]
     assert {"32", "64", "128"} <= set(shown)
     assert shown and all(re.fullmatch(r"[0-9.]+", t) for t in shown), shown
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "message"),
+    [
+        ("tiny_gpt.py", ["--steps", "0"], "--steps: expected a positive number, got 0"),
+        ("tiny_gpt.py", ["--batch-size", "0"], "--batch-size: expected a positive number"),
+        ("distributed_graph.py", ["--heads", "0"], "--heads: expected a positive number"),
+        ("distributed_graph.py", ["--nodes", "5", "--k", "8"], "--k: expected 1 to --nodes (5)"),
+    ],
+)
+def test_training_examples_refuse_bad_sizes_in_one_line(name, args, message, capsys):
+    # Before: a traceback from deep in torch (OneCycleLR, losses[0], edge_index ids).
+    spec = importlib.util.spec_from_file_location(name[:-3], EXAMPLES / name)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(SystemExit) as exit_info:
+        mod.parse_args(["--quick", *args])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

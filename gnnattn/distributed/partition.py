@@ -240,6 +240,11 @@ def partition(
         raise ValueError(f"Expected 'method' to be one of {METHODS}, got {method!r}")
     if not isinstance(graph, AttentionGraph):
         graph = AttentionGraph(graph, num_nodes, causal=causal)
+    elif num_nodes not in (None, graph.num_dst):
+        raise ValueError(
+            f"Expected 'num_nodes' None or {graph.num_dst} with an AttentionGraph (it knows "
+            f"its size), got {num_nodes}"
+        )
     elif causal and not graph.is_causal:
         graph = graph.causal_view()
     graph = graph.cpu()
