@@ -205,3 +205,26 @@ def test_non_finite_values_stay_in_their_graph(special: float) -> None:
     assert torch.isfinite(torch.cat([out[:5], out[28:]])).all()
     fin = torch.isfinite(ref)
     torch.testing.assert_close(out[fin], ref[fin], atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_weights_on_edges_equal_mps_with_their_gradient(causal):
+    # The weights of a batch of blocks: on the edges (linear in |E|, not a pass over
+    # every edge per block), differentiable as mp's are.
+    lengths = [3, 7, 1, 5]
+    graph = (
+        AttentionGraph.causal(lengths=lengths)
+        if causal
+        else AttentionGraph.complete(lengths=lengths)
+    )
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(16, 2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    grads = []
+    for backend in ("mp", "sdpa"):
+        qq = q.clone().requires_grad_()
+        res = attention(qq, k, v, graph, backend=backend, need_weights=True)
+        assert res.backend == backend
+        (res.weights * torch.arange(res.weights.numel()).view_as(res.weights)).sum().backward()
+        grads.append((res.weights.detach(), qq.grad))
+    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grads[1][1], grads[0][1], rtol=1e-10, atol=1e-10)

@@ -121,7 +121,10 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
     elif edge_attr is not None and edge_value is not None:
         wv = edge_value.view(h, cv, -1).to(dtype)  # (H, Cv, F)
         out = out + torch.bmm(eo.transpose(0, 1), wv.transpose(1, 2)).transpose(0, 1)  # (N, H, Cv)
-    weights = edge_weights(qc, kc, graph, scale, bc, eac, eqc) if a.need_weights else None
+    weights = None
+    if a.need_weights:
+        with torch.no_grad():  # the kernels' weights carry no gradient (see docs/semantics.md)
+            weights = edge_weights(qc, kc, graph, scale, bc, eac, eqc)
     return out.to(q.dtype), lse, (weights.to(q.dtype) if weights is not None else None)
 
 
@@ -155,7 +158,6 @@ def _needs_csc(q: Tensor, v: Tensor, graph: AttentionGraph) -> bool:
     return not over_csr(graph.num_edges, q.shape[1], q.shape[2], v.shape[2])
 
 
-@torch.no_grad()
 def edge_weights(
     q: Tensor,
     k: Tensor,
