@@ -313,8 +313,9 @@ def _compiled_blocks_refuse(
     """Whether a compiled call that ``"auto"`` sent to SDPA on blocks of different
     lengths (the block kernel, :func:`~gnnattn.ops.sdpa.compiled_blocks`) asks what
     :func:`backend_for` cannot see and the block kernel does not give: values of
-    another width than the queries, or the weights. Both would read every length
-    (the buckets, the weights' loop over the blocks): a recompile per batch."""
+    another width than the queries (the buckets would read every length: a
+    recompile per batch), or the weights (which ``"fused"`` gives from its own
+    pass over the graph's CSR)."""
     if not torch.compiler.is_compiling():
         return False
     s = graph.structure
