@@ -22,6 +22,7 @@ __all__ = [
     "check_float",
     "check_int",
     "check_like",
+    "check_probability",
     "check_tensor",
     "check_x",
     "same_device",
@@ -70,8 +71,7 @@ def check_float(
         ...
         ValueError: Expected 'scale' to be a finite float, got inf
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"Expected '{name}' to be a float, got {type(value).__name__}")
+    _check_real(value, name)
     if value != value or (lo is not None and value < lo) or (hi is not None and value >= hi):
         raise ValueError(
             f"Expected '{name}' in [{'-inf' if lo is None else f'{lo:g}'}, "
@@ -80,6 +80,30 @@ def check_float(
     if finite and not math.isfinite(value):
         raise ValueError(f"Expected '{name}' to be a finite float, got {value}")
     return float(value)
+
+
+def check_probability(value: Any, name: str) -> float:
+    """``value`` as a ``float``, after checking it is a probability in ``[0, 1]``:
+    ``F.dropout``'s range, which PyG's layers take (at 1 every element is dropped).
+
+    Example:
+        >>> check_probability(1.0, "dropout")
+        1.0
+        >>> check_probability(float("nan"), "dropout")
+        Traceback (most recent call last):
+        ...
+        ValueError: Expected 'dropout' in [0, 1], got nan
+    """
+    _check_real(value, name)
+    # Closed at 1, unlike check_float's half-open bounds; a NaN fails the test too.
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"Expected '{name}' in [0, 1], got {value}")
+    return float(value)
+
+
+def _check_real(value: Any, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"Expected '{name}' to be a float, got {type(value).__name__}")
 
 
 def check_choice(value: Any, name: str, choices: Collection[Any], hint: str = "") -> None:

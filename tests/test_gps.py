@@ -152,7 +152,7 @@ def test_dropout_one_drops_everything_as_pygs(backend: str) -> None:
     ref, ours = make_pair("gin", 2, attn_kwargs={"dropout": 1.0})
     ref.train(), ours.train()
     assert_same(ref, ours, x, ei, batch, backend=backend)
-    with pytest.raises(ValueError, match=r"attn_kwargs\['dropout'\] in \[0, 1\], got 1.5"):
+    with pytest.raises(ValueError, match=r"'attn_kwargs\['dropout'\]' in \[0, 1\], got 1.5"):
         GPSConv(C, None, heads=2, attn_kwargs={"dropout": 1.5})
 
 

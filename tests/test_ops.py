@@ -225,6 +225,29 @@ def test_zero_nodes_give_zero_gradients_on_every_backend(backend):
     assert out.shape == (0, 2, 4) and grad.shape == (0, 2, 4)
 
 
+@pytest.mark.parametrize("backend", ["mp", "fused", "sdpa", "tiles", "auto"])
+def test_dropout_one_drops_every_weight(backend):
+    # F.dropout(p=1)'s bound, which PyG's layers take: a zero output with zero
+    # gradients to q, k and v; the weights and lse are those before dropout.
+    graph = AttentionGraph.window(9, window=2)
+    q, k, v = (torch.randn(9, 2, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    kept = attention(q, k, v, graph, backend=backend, need_weights=True, return_lse=True)
+    res = attention(
+        q, k, v, graph, dropout_p=1.0, backend=backend, need_weights=True, return_lse=True
+    )
+    assert res.backend == kept.backend
+    assert torch.equal(res.out, torch.zeros_like(res.out))
+    torch.testing.assert_close(res.weights, kept.weights, atol=1e-12, rtol=0)
+    torch.testing.assert_close(res.lse, kept.lse, atol=1e-12, rtol=0)
+    grads = torch.autograd.grad(res.out.sum(), (q, k, v))
+    assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+    assert backend_for(q, graph, backend=backend, dropout_p=1.0) == backend_for(
+        q, graph, backend=backend
+    )
+    with pytest.raises(ValueError, match=r"'dropout_p' in \[0, 1\], got 1.5"):
+        attention(q, k, v, graph, dropout_p=1.5, backend=backend)
+
+
 def test_dropout_same_mask_on_mp_and_fused_and_kept_fraction():
     n, h = 400, 4
     ei = torch.randint(0, n, (2, 6000), generator=torch.Generator().manual_seed(0))

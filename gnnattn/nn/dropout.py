@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..checks import check_float
+from ..checks import check_probability
 from ..ops.activation_dropout import dropout
 
 __all__ = ["Dropout"]
@@ -37,8 +37,7 @@ class Dropout(torch.nn.Dropout):
     """
 
     def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
-        if check_float(p, "p", lo=0.0) > 1.0:
-            raise ValueError(f"Expected 'p' in [0, 1], got {p}")
+        check_probability(p, "p")
         if not isinstance(inplace, bool):
             raise TypeError(f"Expected 'inplace' to be a bool, got {type(inplace).__name__}")
         super().__init__(p, inplace)

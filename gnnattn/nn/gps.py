@@ -17,9 +17,9 @@ from torch_geometric.typing import Adj
 
 from ..checks import (
     check_edge_input,
-    check_float,
     check_int,
     check_like,
+    check_probability,
     check_tensor,
     check_x,
 )
@@ -199,9 +199,7 @@ class GPSConv(torch.nn.Module):
                 f"Expected 'channels' divisible by 'heads', got channels={channels} and "
                 f"heads={heads}"
             )
-        # p = 1 is F.dropout's bound, which PyG's layer takes.
-        if not 0.0 <= check_float(dropout, "dropout") <= 1.0:
-            raise ValueError(f"Expected 'dropout' in [0, 1], got {dropout}")
+        check_probability(dropout, "dropout")
         if attn_type == "performer":
             raise ValueError(
                 "Expected attn_type 'multihead' or 'exphormer', got 'performer': gnnattn's "
@@ -240,8 +238,7 @@ class GPSConv(torch.nn.Module):
         self.backend = check_backend(backend)
 
         self.attn = torch.nn.MultiheadAttention(channels, heads, batch_first=True, **attn_kwargs)
-        if not 0.0 <= check_float(self.attn.dropout, "attn_kwargs['dropout']") <= 1.0:
-            raise ValueError(f"Expected attn_kwargs['dropout'] in [0, 1], got {self.attn.dropout}")
+        check_probability(self.attn.dropout, "attn_kwargs['dropout']")
         if self.attn.bias_k is not None or self.attn.add_zero_attn:
             raise ValueError(
                 "Expected 'attn_kwargs' without add_bias_kv and add_zero_attn (they add keys "
@@ -416,14 +413,8 @@ class GPSConv(torch.nn.Module):
             graph,
             backend=self.backend if backend is None else backend,
             score_bias=bias is not None,
-            dropout_p=self._attention_p(),
+            dropout_p=self.attn.dropout if self.training else 0.0,
         )
-
-    def _attention_p(self) -> float:
-        """The operator's dropout: the attention's in training, below 1 (see
-        :meth:`_attention`)."""
-        p = self.attn.dropout
-        return p if self.training and p < 1.0 else 0.0
 
     def _norm(self, norm: torch.nn.Module | None, h: Tensor, batch: Tensor | None) -> Tensor:
         if norm is None:
@@ -457,15 +448,11 @@ class GPSConv(torch.nn.Module):
             v,
             graph,
             score_bias=score_bias,
-            dropout_p=self._attention_p(),
+            dropout_p=self.attn.dropout if self.training else 0.0,
             backend=self.backend if backend is None else backend,
             need_weights=need_weights,
         )
         out, alpha = (res.out, res.weights) if isinstance(res, AttentionOutput) else (res, None)
-        if self.training and attn.dropout == 1.0:
-            # Every weight dropped, as MultiheadAttention's F.dropout(p=1): zero
-            # messages, zero gradients to q, k and v (the operator takes p < 1 only).
-            out = out * 0.0
         # The virtual nodes' outputs are dropped: the layer returns the real nodes.
         return attn.out_proj(out[:n].reshape(n, self.channels)), alpha  # (N, D), (E_G, H)
 

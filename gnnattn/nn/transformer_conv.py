@@ -14,9 +14,9 @@ from torch_geometric.utils import softmax
 
 from ..checks import (
     check_edge_input,
-    check_float,
     check_int,
     check_like,
+    check_probability,
     check_tensor,
     check_x,
 )
@@ -164,9 +164,7 @@ class TransformerConv(MessagePassing):
         src, dst = _channels(in_channels, "in_channels")
         check_int(out_channels, "out_channels", min=1)
         check_int(heads, "heads", min=1)
-        # PyG takes p = 1 (F.dropout's bound), where the operator stops below it.
-        if not 0.0 <= check_float(dropout, "dropout") <= 1.0:
-            raise ValueError(f"Expected 'dropout' in [0, 1], got {dropout}")
+        check_probability(dropout, "dropout")
         if edge_dim is not None:
             _check_width(edge_dim, "edge_dim")
         self.in_channels = in_channels
@@ -274,20 +272,12 @@ class TransformerConv(MessagePassing):
             edge_attr=edge_attr,
             edge_key=w_edge,
             edge_value=w_edge,
-            dropout_p=self._attention_p(),
+            dropout_p=self.dropout if self.training else 0.0,
             backend=backend,
             need_weights=need_weights,
         )
         out, alpha = (res.out, res.weights) if isinstance(res, AttentionOutput) else (res, None)
-        if self.training and self.dropout == 1.0:
-            # Every weight dropped, as F.dropout(p=1) in PyG's layer: zero messages,
-            # zero gradients to q, k and v (the operator takes p < 1 only).
-            out = out * 0.0
         return out, alpha
-
-    def _attention_p(self) -> float:
-        """The operator's dropout: the layer's in training, below 1 (see :meth:`_attend`)."""
-        return self.dropout if self.training and self.dropout < 1.0 else 0.0
 
     def _propagate(
         self, q: Tensor, k: Tensor, v: Tensor, graph: AnyGraph, edge_attr: Tensor | None
@@ -347,7 +337,7 @@ class TransformerConv(MessagePassing):
             x_dst.new_empty(0, self.heads, self.out_channels),
             graph,
             backend=backend,
-            dropout_p=self._attention_p(),
+            dropout_p=self.dropout if self.training else 0.0,
             edge_attr=edge_attr is not None,
         )
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import kernels
+from ..checks import check_probability
 from ..kernels.library import draw_key
 
 __all__ = ["dropout", "relu_dropout"]
@@ -36,15 +37,6 @@ def _stream(x: Tensor) -> bool:
         and "cpu" in kernels.COMPILED
         and x.dtype in (torch.float32, torch.float64)
     )
-
-
-def _check_p(p: float) -> None:
-    # p = 1 is F.dropout's bound (every element zeroed), which PyG's layers take.
-    # Not check_float's bounds: they are half-open, and a NaN fails this test too.
-    if isinstance(p, bool) or not isinstance(p, (int, float)):
-        raise TypeError(f"Expected 'p' to be a float, got {type(p).__name__}")
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"Expected 'p' in [0, 1], got {p}")
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
@@ -69,7 +61,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         >>> 0.88 < (y > 0).float().mean().item() < 0.92
         True
     """
-    _check_p(p)
+    check_probability(p, "p")
     if not training or p == 0.0:
         return x
     if p == 1.0 or not _stream(x):
@@ -107,7 +99,7 @@ def relu_dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         >>> torch.equal(y, dropout(torch.relu(x), p=0.1))
         True
     """
-    _check_p(p)
+    check_probability(p, "p")
     if not training or p == 0.0:
         return F.relu(x)
     if p == 1.0 or not _stream(x):

@@ -185,7 +185,8 @@ def backend_for(
         backend (str, optional): as passed to the call. (default: ``"auto"``)
         score_bias (bool, optional): the call has a score bias. (default: :obj:`False`)
         dropout_p (float, optional): attention dropout of the call; every
-            backend has it. (default: ``0.0``)
+            backend has it (at 1 the call runs without it and zeroes its
+            output, so it takes the backend of no dropout). (default: ``0.0``)
         edge_attr (bool, optional): the call has raw edge features
             (``edge_attr`` with ``edge_key`` / ``edge_value``).
             (default: :obj:`False`)
@@ -194,6 +195,8 @@ def backend_for(
         ValueError: an explicit backend that cannot compute the call.
     """
     check_backend(backend)
+    if dropout_p >= 1.0:
+        dropout_p = 0.0  # as attention() runs it: without dropout, its output zeroed
     options = frozenset(
         name
         for name, on in (

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from .. import kernels
-from ..checks import check_float, check_tensor
+from ..checks import check_float, check_probability, check_tensor
 from ..graphs import AttentionGraph, segment_ids
 from ..kernels.common import acc_dtype
 from ..kernels.library import draw_key
@@ -207,8 +207,11 @@ def attention(
             :math:`1/\sqrt{C}`. (default: :obj:`None`)
         score_bias (Tensor, optional): ``[|E|, H]`` added to the scores, in
             ``graph.edge_index`` order. (default: :obj:`None`)
-        dropout_p (float, optional): attention dropout (a counter-based
-            mask keyed from torch's generator; ``"sdpa"`` uses SDPA's own).
+        dropout_p (float, optional): attention dropout in ``[0, 1]`` (a
+            counter-based mask keyed from torch's generator; ``"sdpa"`` uses
+            SDPA's own). At 1 every weight is dropped, as ``F.dropout(p=1)``:
+            the output is zero, with zero gradients to ``q``, ``k`` and ``v``;
+            the weights and the log-sum-exp are those before dropout.
             (default: ``0.0``)
         backend (str, optional): ``"auto"``, ``"mp"``, ``"sdpa"``,
             ``"fused"`` or ``"tiles"``; see :func:`gnnattn.backend_for`. An
@@ -244,7 +247,12 @@ def attention(
         (torch.Size([5, 2, 4]), 'fused', torch.Size([5, 2]))
     """
     _check(q, k, v, graph, score_bias, edge_attr, edge_key, edge_value)
-    p = check_float(dropout_p, "dropout_p", lo=0.0, hi=1.0)
+    p = check_probability(dropout_p, "dropout_p")
+    # No backend's mask expresses p = 1 (its 1 / (1 - p) rescale is infinite):
+    # the call runs without dropout and its output is zeroed below.
+    drop_all = p == 1.0
+    if drop_all:
+        p = 0.0
     if scale is None:
         if q.shape[-1] == 0:
             raise ValueError(
@@ -300,6 +308,10 @@ def attention(
         need_weights,
     )
     out, lse, weights = _BACKENDS[name](args)
+    if drop_all:
+        # A product, not zeros: F.dropout(p=1) keeps a NaN of the output, and the
+        # gradients to q, k and v are zeros through it.
+        out = out * 0.0
     if not (return_lse or need_weights):
         return out
     return AttentionOutput(
