@@ -272,7 +272,7 @@ def attention(
         edge_attr=edge_attr is not None,
     )
     name = choice.backend
-    if backend == "auto" and name == "sdpa" and _compiled_blocks_refuse(q, v, graph, need_weights):
+    if backend == "auto" and name == "sdpa" and _compiled_blocks_refuse(q, v, graph):
         name = "fused"
     if name in ("sdpa", "tiles") and not _sdpa_safe(q, k, v, scale):
         # SDPA's CPU kernels turn a NaN query row into zeros, its dense product
@@ -319,19 +319,17 @@ def attention(
     )
 
 
-def _compiled_blocks_refuse(
-    q: Tensor, v: Tensor, graph: AttentionGraph, need_weights: bool
-) -> bool:
+def _compiled_blocks_refuse(q: Tensor, v: Tensor, graph: AttentionGraph) -> bool:
     """Whether a compiled call that ``"auto"`` sent to SDPA on blocks of different
-    lengths (the block kernel, :func:`~gnnattn.ops.sdpa.compiled_blocks`) asks what
-    :func:`backend_for` cannot see and the block kernel does not give: values of
+    lengths (the block kernel, :func:`~gnnattn.ops.sdpa.compiled_blocks`) has what
+    :func:`backend_for` cannot see and the block kernel does not take: values of
     another width than the queries (the buckets would read every length: a
-    recompile per batch), or the weights (which ``"fused"`` gives from its own
-    pass over the graph's CSR)."""
+    recompile per batch). The weights are no such thing: every backend
+    recomputes them on the edges."""
     if not torch.compiler.is_compiling():
         return False
     s = graph.structure
-    return s is not None and not s.uniform and (need_weights or v.shape[-1] != q.shape[-1])
+    return s is not None and not s.uniform and v.shape[-1] != q.shape[-1]
 
 
 def _sdpa_safe(q: Tensor, k: Tensor, v: Tensor, scale: float) -> bool:

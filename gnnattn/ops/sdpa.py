@@ -250,8 +250,8 @@ def sdpa_attention(
     docstring), each bucket with a key-padding mask; on the CPU, complete
     ones of at most :data:`BLOCK_KERNEL_MAX` nodes (float32/float64, no
     dropout) in one call of the block kernel instead.
-    With ``need_weights`` the weights are computed once more through the
-    matrix and gathered on the edges (the slower, documented path).
+    With ``need_weights`` the weights are the softmax of the scores
+    recomputed on the edges (:func:`~gnnattn.ops.fused.edge_weights`).
 
     Shapes:
         - **q, k:** ``[N, H, C]``; **v:** ``[N, H, Cv]``
