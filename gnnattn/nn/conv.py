@@ -93,8 +93,8 @@ class SelfAttentionConv(MessagePassing):
         - **output:** ``[|V|, D]`` (``[N, D]`` for a pair); with
           ``return_attention_weights=True`` also
           ``(edge_index [2, |E|], alpha [|E|, H])``. ``alpha`` is taken
-          *before* dropout; on the ``"fused"`` backend it is recomputed from the
-          saved log-sum-exp; on ``"fused"`` and ``"tiles"`` it carries no gradient.
+          *before* dropout and differentiable; on ``"sdpa"`` and ``"fused"`` it is
+          a softmax of the scores recomputed on the edges.
 
     Example:
         >>> layer = SelfAttentionConv(8, num_heads=2)

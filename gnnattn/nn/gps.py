@@ -353,9 +353,7 @@ class GPSConv(torch.nn.Module):
                 each target's softmax over its neighbours, per head, before
                 dropout (for ``"multihead"`` what ``attn(x_g, x_g, x_g,
                 average_attn_weights=False)`` returns for graph :math:`g`, as
-                edges). On ``"fused"`` the weights are recomputed from the
-                saved log-sum-exp; on ``"fused"`` and ``"tiles"`` they carry no
-                gradient. (default: :obj:`False`)
+                edges), differentiable on every backend. (default: :obj:`False`)
             **kwargs: further arguments of ``conv`` (``edge_attr``, ...).
         """
         check_x(x, self.channels)

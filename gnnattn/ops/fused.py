@@ -39,7 +39,8 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
     ``a.score_bias`` ``[|E|, H]`` and ``edge_attr`` ``[|E|, F]`` follow
     ``graph.edge_index``; they are put in CSR order here (a gather that
     autograd undoes). The weights, when asked for, are a softmax of the scores
-    recomputed on the edges (:func:`edge_weights`) and are those before dropout.
+    recomputed on the edges (:func:`edge_weights`), differentiable, and are those
+    before dropout.
 
     Edge features (see :func:`gnnattn.attention`) by linearity, with no
     ``|E| x (H*C)`` tensor: ``q_i . W_k a_ij = (W_k^T q_i) . a_ij``, so the
@@ -123,8 +124,9 @@ def fused_attention(a: AttentionArgs) -> tuple[Tensor, Tensor, Tensor | None]:
         out = out + torch.bmm(eo.transpose(0, 1), wv.transpose(1, 2)).transpose(0, 1)  # (N, H, Cv)
     weights = None
     if a.need_weights:
-        with torch.no_grad():  # the kernels' weights carry no gradient (see docs/semantics.md)
-            weights = edge_weights(qc, kc, graph, scale, bc, eac, eqc)
+        # Torch ops on the edges: the weights' gradient (an attention regulariser's)
+        # reaches q, k, the bias and the edge maps, as on every backend.
+        weights = edge_weights(qc, kc, graph, scale, bc, eac, eqc)
     return out.to(q.dtype), lse, (weights.to(q.dtype) if weights is not None else None)
 
 

@@ -90,7 +90,7 @@ def tiles_attention(a: AttentionArgs) -> tuple[Tensor, Tensor | None, Tensor | N
 
     Computes in the accumulation dtype (float64 for float64, float32
     otherwise); the weights are those before dropout, in ``graph.edge_index``
-    order, gathered from the tiles.
+    order, gathered from the tiles, differentiable.
     """
     q, k, v, graph, scale = a.q, a.k, a.v, a.graph, a.scale
     edge_attr, edge_key, edge_value = a.edge_attr, a.edge_key, a.edge_value
@@ -144,5 +144,6 @@ def tiles_attention(a: AttentionArgs) -> tuple[Tensor, Tensor | None, Tensor | N
         )  # (N, H, F)
         wv = edge_value.view(h, cv, -1).to(dtype)  # (H, Cv, F)
         out = out + torch.bmm(eo.transpose(0, 1), wv.transpose(1, 2)).transpose(0, 1)
-    weights = alpha.detach().to(q.dtype) if a.need_weights and alpha is not None else None
+    # The tiles' weights are differentiable (their gradient goes into the tiles' backward).
+    weights = alpha.to(q.dtype) if a.need_weights and alpha is not None else None
     return out.to(q.dtype), lse, weights
