@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "check_bool",
     "check_choice",
     "check_edge_input",
     "check_float",
@@ -27,6 +28,20 @@ __all__ = [
     "check_x",
     "same_device",
 ]
+
+
+def check_bool(value: Any, name: str) -> None:
+    """Raise unless ``value`` is a ``bool`` (a flag given as ``"no"`` or ``0`` would be
+    read by its truth, silently).
+
+    Example:
+        >>> check_bool("no", "causal")
+        Traceback (most recent call last):
+        ...
+        TypeError: Expected 'causal' to be a bool, got str
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"Expected '{name}' to be a bool, got {type(value).__name__}")
 
 
 def check_int(value: Any, name: str, *, min: int = 0, optional: bool = False) -> None:

@@ -88,7 +88,7 @@ def test_simplified_bad_input():
         ({"embed_dim": 10, "num_heads": 3}, r"'embed_dim' divisible by 'num_heads'.*10.*3"),
         ({"embed_dim": 0}, r"'embed_dim' to be a positive int"),
         ({"embed_dim": 8, "num_heads": 0}, r"'num_heads' to be a positive int"),
-        ({"embed_dim": 8, "dropout": 1.5}, r"'dropout' in \[0, 1\)"),
+        ({"embed_dim": 8, "dropout": 1.5}, r"'dropout' in \[0, 1\]"),
         ({"embed_dim": 8, "backend": "cuda"}, r"'backend' to be one of"),
     ],
 )
@@ -220,14 +220,14 @@ NAN, INF = float("nan"), float("inf")
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: SelfAttentionConv(8, dropout=NAN), r"'dropout' in \[0, 1\), got nan"),
-        (lambda: SelfAttentionConv(8, dropout=INF), r"'dropout' in \[0, 1\), got inf"),
-        (lambda: SelfAttentionConv(8, dropout=-0.1), r"'dropout' in \[0, 1\), got -0.1"),
+        (lambda: SelfAttentionConv(8, dropout=NAN), r"'dropout' in \[0, 1\], got nan"),
+        (lambda: SelfAttentionConv(8, dropout=INF), r"'dropout' in \[0, 1\], got inf"),
+        (lambda: SelfAttentionConv(8, dropout=-0.1), r"'dropout' in \[0, 1\], got -0.1"),
         (lambda: SimplifiedAttention(scale=NAN), r"'scale' in \[-inf, inf\), got nan"),
         (lambda: SimplifiedAttention(scale=INF), r"'scale' to be a finite float, got inf"),
         (lambda: SimplifiedAttention(scale=-INF), r"'scale' to be a finite float, got -inf"),
-        (lambda: _transformer_layer(dropout=NAN), r"'dropout' in \[0, 1\), got nan"),
-        (lambda: _transformer(dropout=NAN), r"'dropout' in \[0, 1\), got nan"),
+        (lambda: _transformer_layer(dropout=NAN), r"'dropout' in \[0, 1\], got nan"),
+        (lambda: _transformer(dropout=NAN), r"'dropout' in \[0, 1\], got nan"),
         (lambda: _transformer_layer(layer_norm_eps=NAN), r"'layer_norm_eps' in \[0, inf\)"),
         (lambda: _transformer_layer(layer_norm_eps=-1e-5), r"'layer_norm_eps' in \[0, inf\)"),
         (lambda: _transformer_layer(layer_norm_eps=INF), r"'layer_norm_eps' to be a finite"),

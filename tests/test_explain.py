@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch_geometric.explain import Explainer, GNNExplainer
 
-from gnnattn import AttentionGraph, SelfAttentionConv, complete_graph
+from gnnattn import AttentionGraph, SelfAttentionConv, SimplifiedAttention, complete_graph
 from gnnattn.distributed import partition
 from gnnattn.nn import TransformerConv
 
@@ -151,3 +151,38 @@ def test_hooks_on_a_layer_over_a_graph_part_are_refused():
         layer.register_message_forward_hook(lambda *args: None)
         with pytest.raises(ValueError, match=r"Expected a whole graph as 'edge_index'.*GraphPart"):
             layer(torch.randn(12, 8), part)
+
+
+def test_a_target_whose_scores_are_all_minus_inf_gets_zeros_on_the_hook_path():
+    # A Graphormer-style bias of -inf (unreachable) on every edge into node 1: zero
+    # weights and a zero message, finite gradients, on PyG's path as on the
+    # operator's (PyG's own softmax gives NaN there).
+    layer = _layer("SelfAttentionConv")
+    x, ei, ea = _inputs(False)
+    bias = torch.zeros(ei.shape[1], 2, dtype=torch.float64)
+    bias[ei[1] == 1] = -torch.inf
+    results = []
+    for hooked in (False, True):
+        handle = layer.register_message_forward_hook(lambda *args: None) if hooked else None
+        xx = x.clone().requires_grad_()
+        out, (_, alpha) = layer(xx, ei, ea, attn_bias=bias, return_attention_weights=True)
+        assert layer.backend_for(x, ei, ea, attn_bias=bias).backend == (
+            "propagate" if hooked else "fused"
+        )
+        out.sum().backward()
+        results.append((out.detach(), alpha.detach(), xx.grad))
+        if handle is not None:
+            handle.remove()
+    (out, alpha, grad), (hook_out, hook_alpha, hook_grad) = results
+    assert torch.equal(hook_alpha[ei[1] == 1], torch.zeros(2, 2, dtype=torch.float64))
+    assert hook_grad.isfinite().all()
+    assert (hook_out - out).abs().max() < TOL
+    assert (hook_alpha - alpha).abs().max() < TOL
+    assert (hook_grad - grad).abs().max() < TOL
+
+
+def test_simplified_attention_refuses_hooks_it_cannot_run():
+    layer = SimplifiedAttention()
+    layer.register_message_forward_hook(lambda *args: None)
+    with pytest.raises(ValueError, match="SimplifiedAttention without PyG hooks"):
+        layer(torch.randn(4, 3))

@@ -7,6 +7,7 @@ import torch
 
 from gnnattn import (
     AttentionGraph,
+    GraphTransformerLayer,
     SelfAttentionConv,
     SimplifiedAttention,
     causal_graph,
@@ -225,6 +226,41 @@ def test_repr_and_reset():
     assert repr(SimplifiedAttention()) == "SimplifiedAttention(scale=1)"
     causal = SimplifiedAttention(0.5, causal=True)
     assert repr(causal) == "SimplifiedAttention(scale=0.5, causal=True)"
+    assert (
+        repr(SelfAttentionConv(8, 2, causal=True)) == "SelfAttentionConv(8, heads=2, causal=True)"
+    )
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda: SelfAttentionConv(8, 2, causal="no"), "causal"),
+        (lambda: SelfAttentionConv(8, 2, bias=0), "bias"),
+        (lambda: SelfAttentionConv(8, 2, edge_dim=2, edge_value=1), "edge_value"),
+        (lambda: SimplifiedAttention(causal="no"), "causal"),
+        (lambda: GraphTransformerLayer(8, 2, norm_first="no"), "norm_first"),
+    ],
+)
+def test_flags_must_be_bools(make, name):
+    # A string or an int would be read by its truth, silently ("no" is causal).
+    with pytest.raises(TypeError, match=f"'{name}' to be a bool"):
+        make()
+
+
+def test_from_torch_with_dropout_one_and_kwargs_it_takes_from_mha():
+    # MultiheadAttention takes dropout=1 (F.dropout's bound): in training every
+    # weight is dropped and the output is out_proj's bias, on every backend.
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, dropout=1.0, batch_first=True).double().train()
+    with torch.no_grad():
+        mha.out_proj.bias.uniform_(-1, 1)
+    x = torch.randn(1, 5, 8, dtype=torch.float64)
+    ref = mha(x, x, x, need_weights=False)[0][0]
+    layer = SelfAttentionConv.from_torch(mha).train()
+    for backend in ("mp", "sdpa", "fused", "tiles"):
+        torch.testing.assert_close(layer(x[0], backend=backend), ref, atol=TOL, rtol=0)
+    with pytest.raises(TypeError, match=r"'kwargs' among causal.*\['dropout'\]"):
+        SelfAttentionConv.from_torch(mha, dropout=0.1)
 
 
 def test_init_is_multihead_attentions():

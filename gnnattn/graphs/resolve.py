@@ -49,8 +49,8 @@ def as_graph(
     if bipartite and causal:
         raise ValueError(
             "Expected a single 'x' with causal=True (causal order relates tokens of one "
-            "sequence), got a pair (x_src, x_dst); give the cross-attention graph as "
-            "edge_index instead"
+            "sequence), got a pair (x_src, x_dst); for cross-attention use causal=False "
+            "and give the cross-attention graph as edge_index"
         )
     if bipartite and batch is not None:
         raise ValueError(

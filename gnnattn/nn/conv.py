@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import MessagePassing
 from torch_geometric.typing import OptTensor
-from torch_geometric.utils import softmax
 
-from ..checks import check_edge_input, check_float, check_int, check_like, check_x
+from ..checks import check_bool, check_edge_input, check_int, check_like, check_probability, check_x
 from ..ops import AttentionOutput, BackendChoice, check_backend
+from ..softmax import segment_softmax
 from .bias import check_attn_bias
 from .parts import AnyGraph, PartLike, attend, choose, graph_or_part
 from .pyg_path import PYG_PROPAGATE, pyg_edge_index, takes_pyg_path
@@ -154,7 +154,10 @@ class SelfAttentionConv(MessagePassing):
                 f"Expected 'embed_dim' divisible by 'num_heads', got embed_dim={embed_dim} "
                 f"and num_heads={num_heads} (head dim would be {embed_dim / num_heads:g})"
             )
-        check_float(dropout, "dropout", lo=0.0, hi=1.0)
+        check_probability(dropout, "dropout")
+        check_bool(bias, "bias")
+        check_bool(causal, "causal")
+        check_bool(edge_value, "edge_value")
         check_int(edge_dim, "edge_dim", min=1, optional=True)
         if edge_value and edge_dim is None:
             raise ValueError(
@@ -167,7 +170,7 @@ class SelfAttentionConv(MessagePassing):
         self.causal = causal
         self.backend = check_backend(backend)
         self.edge_dim = edge_dim
-        self.edge_value = bool(edge_value)
+        self.edge_value = edge_value
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.lin_query = torch.nn.Linear(embed_dim, embed_dim, bias=bias)
         self.lin_key = torch.nn.Linear(embed_dim, embed_dim, bias=bias)
@@ -360,7 +363,10 @@ class SelfAttentionConv(MessagePassing):
         alpha = (query_i * key_j).sum(dim=-1) * self.scale
         if score_bias is not None:
             alpha = alpha + score_bias
-        alpha = softmax(alpha, index, ptr, size_i)
+        # gnnattn's softmax, not PyG's: a target whose scores are all -inf gets zero
+        # weights (PyG's gives NaN), as on the operator's path.
+        assert size_i is not None  # propagate sizes the targets from query_i
+        alpha = segment_softmax(alpha, index, size_i)
         self._alpha = alpha
         alpha = F.dropout(alpha, p=self.dropout, training=self.training)
         if edge_attr is not None and self.lin_edge_value is not None:
@@ -518,6 +524,12 @@ class SelfAttentionConv(MessagePassing):
                 f"Expected 'mha' with kdim == vdim == embed_dim (self-attention), got "
                 f"kdim={mha.kdim}, vdim={mha.vdim}, embed_dim={mha.embed_dim}"
             )
+        taken = sorted(set(kwargs) & {"embed_dim", "num_heads", "dropout", "bias"})
+        if taken:
+            raise TypeError(
+                f"Expected 'kwargs' among causal, backend, edge_dim and edge_value, got "
+                f"{taken}: they come from 'mha'"
+            )
         bias = mha.in_proj_bias is not None
         w = mha.in_proj_weight.detach()
         layer = cls(mha.embed_dim, mha.num_heads, dropout=mha.dropout, bias=bias, **kwargs)
@@ -575,7 +587,9 @@ class SelfAttentionConv(MessagePassing):
         return mha
 
     def __repr__(self) -> str:
-        extra = f", edge_dim={self.edge_dim}" if self.edge_dim is not None else ""
+        extra = ", causal=True" if self.causal else ""
+        if self.edge_dim is not None:
+            extra += f", edge_dim={self.edge_dim}"
         if self.edge_value:
             extra += ", edge_value=True"
         return f"{self.__class__.__name__}({self.embed_dim}, heads={self.num_heads}{extra})"

@@ -5,9 +5,10 @@ from __future__ import annotations
 from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
-from ..checks import check_float, check_x
+from ..checks import check_bool, check_float, check_x
 from ..graphs import AttentionGraph, GraphLike, as_graph
 from ..ops import AttentionOutput, BackendChoice, attention, backend_for, check_backend
+from .pyg_path import takes_pyg_path
 
 __all__ = ["SimplifiedAttention"]
 
@@ -55,6 +56,7 @@ class SimplifiedAttention(MessagePassing):
     def __init__(self, scale: float = 1.0, *, causal: bool = False, backend: str = "auto") -> None:
         super().__init__(aggr="add", node_dim=0)
         self.scale = check_float(scale, "scale", finite=True)
+        check_bool(causal, "causal")
         self.causal = causal
         self.backend = check_backend(backend)
 
@@ -74,6 +76,14 @@ class SimplifiedAttention(MessagePassing):
         (causal) graph per sequence instead; ``backend`` overrides the
         layer's for this call.
         """
+        if takes_pyg_path(self):
+            # Silently skipping them would explain nothing and call no hook.
+            raise ValueError(
+                "Expected a SimplifiedAttention without PyG hooks, an explainer or "
+                "MessagePassing options: it runs gnnattn's operator only, which forms no "
+                "per-edge messages for them; got them set. Use SelfAttentionConv, which "
+                "takes PyG's propagate for them"
+            )
         graph = self._graph(x, edge_index, batch)
         n, d = x.shape
         h = x.view(n, 1, d)  # (N, 1, d): one head whose q = k = v = x

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..checks import check_float, check_int, check_tensor, check_x
+from ..checks import check_bool, check_float, check_int, check_tensor, check_x
 from ..ops import BackendChoice, relu_dropout
 from .bias import check_attn_bias
 from .conv import SelfAttentionConv
@@ -147,6 +147,7 @@ class GraphTransformerLayer(torch.nn.Module):
         super().__init__()
         ffn_dim = 4 * embed_dim if ffn_dim is None else ffn_dim
         check_int(ffn_dim, "ffn_dim", min=1)
+        check_bool(norm_first, "norm_first")
         # torch.nn.LayerNorm takes any eps; a NaN or negative one only shows as NaN outputs.
         layer_norm_eps = check_float(layer_norm_eps, "layer_norm_eps", lo=0.0, finite=True)
         self.self_attn = SelfAttentionConv(

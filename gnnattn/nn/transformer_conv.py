@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import Linear, MessagePassing
 from torch_geometric.typing import OptTensor
-from torch_geometric.utils import softmax
 
 from ..checks import (
     check_edge_input,
@@ -21,6 +20,7 @@ from ..checks import (
     check_x,
 )
 from ..ops import AttentionOutput, BackendChoice, check_backend
+from ..softmax import segment_softmax
 from .parts import AnyGraph, PartLike, attend, choose, graph_or_part
 from .pyg_path import PYG_PROPAGATE, pyg_edge_index, takes_pyg_path
 
@@ -307,7 +307,10 @@ class TransformerConv(MessagePassing):
             edge_attr = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
             key_j = key_j + edge_attr
         alpha = (query_i * key_j).sum(dim=-1) / math.sqrt(self.out_channels)
-        alpha = softmax(alpha, index, ptr, size_i)
+        # gnnattn's softmax, not PyG's: a target whose scores are all -inf gets zero
+        # weights (PyG's gives NaN), as on the operator's path.
+        assert size_i is not None  # propagate sizes the targets from query_i
+        alpha = segment_softmax(alpha, index, size_i)
         self._alpha = alpha
         alpha = F.dropout(alpha, p=self.dropout, training=self.training)
         out = value_j if edge_attr is None else value_j + edge_attr
