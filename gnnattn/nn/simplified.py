@@ -25,7 +25,9 @@ class SimplifiedAttention(MessagePassing):
     (computed stably: the per-target maximum is subtracted before ``exp``). On
     the complete graph :math:`Z = \operatorname{softmax}(s X X^\top) X`,
     row-wise. There are no parameters: the layer shows what attention does
-    before :math:`W_Q, W_K, W_V` are added.
+    before :math:`W_Q, W_K, W_V` are added. It always runs gnnattn's operator,
+    which forms no per-edge messages: PyG hooks and explainers on it are
+    refused with a ``ValueError`` (:class:`SelfAttentionConv` takes them).
 
     Args:
         scale (float, optional): :math:`s`, multiplies the dot products; the
