@@ -67,6 +67,8 @@ CHECK_MAX_TOKENS = 256
 COMPARE_MAX = 1024
 # torch.manual_seed takes seeds up to 2**64 - 1; negative ones are folded in, so refused.
 _SEED = _int_in(0, 2**64 - 1)
+# gnnattn.distributed.partition's seed is an int64.
+_PARTITION_SEED = _int_in(0, 2**63 - 1)
 
 
 def _device(text: str) -> str:
@@ -143,20 +145,27 @@ def _text(text: str) -> str:
 
 def _out_file(text: str) -> str:
     """An argparse ``type=``: a file to write, checked before a run of minutes, not after."""
-    if not text or os.path.isdir(text):
+    if not text:
+        raise argparse.ArgumentTypeError("expected a file to write, got ''")
+    if text.endswith(("/", os.sep)) or os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"expected a file to write, got {text!r}, a folder")
     parent = os.path.dirname(os.path.abspath(text))
     if not os.path.isdir(parent):
         raise argparse.ArgumentTypeError(
             f"expected a file in an existing folder, got {text!r} ({parent!r} is not a folder)"
         )
-    # An existing file must be writable; a new one needs a folder it can be made in.
-    if os.path.exists(text) and not os.access(text, os.W_OK):
-        raise argparse.ArgumentTypeError(f"expected a file to write, got {text!r}, read-only")
-    if not os.path.exists(text) and not os.access(parent, os.W_OK | os.X_OK):
+    # Opened to append (an existing file keeps its bytes), not os.access: that says
+    # yes to any path for root, and knows nothing of read-only or virtual file systems.
+    existed = os.path.exists(text)
+    try:
+        with open(text, "a"):
+            pass
+    except OSError as err:
         raise argparse.ArgumentTypeError(
-            f"expected a file that can be made, got {text!r} ({parent!r} is not writable)"
-        )
+            f"expected a file that can be written, got {text!r}: {err.strerror}"
+        ) from None
+    if not existed:
+        os.remove(text)
     return text
 
 
@@ -221,11 +230,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from .compare import compare
 
+    if args.embed_dim % args.heads:
+        raise ValueError(
+            f"--heads: expected a divisor of --embed-dim {args.embed_dim}, got {args.heads}"
+        )
     res = compare(
         tokens=args.tokens,
         embed_dim=args.embed_dim,
         num_heads=args.heads,
-        dtypes=args.dtype or ("float32", "float16", "bfloat16"),
+        # A repeated --dtype is one run, as a repeated --suite of bench.
+        dtypes=tuple(dict.fromkeys(args.dtype))
+        if args.dtype
+        else ("float32", "float16", "bfloat16"),
         causal={"both": (False, True), "yes": (True,), "no": (False,)}[args.causal],
         reps=args.reps,
         seed=args.seed,
@@ -358,7 +374,8 @@ def _read_graph(path: str) -> tuple[Any, int | None]:
             f"expected a [2, E] edge_index tensor (or a dict holding one) in {path!r}, "
             f"got {type(data).__name__}"
         )
-    if data.dim() != 2 or data.shape[0] != 2 or data.is_floating_point() or data.is_complex():
+    integer = not (data.is_floating_point() or data.is_complex() or data.dtype == torch.bool)
+    if data.dim() != 2 or data.shape[0] != 2 or not integer:
         raise ValueError(
             f"expected an integer edge_index of shape [2, E] in {path!r}, "
             f"got {data.dtype} of shape {list(data.shape)}"
@@ -381,6 +398,7 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     # shows the time spent, not a time left.
     with bar(4 + n_parts, "reading the graph", eta=False) as progress:
         edge_index, num_nodes = _read_graph(args.graph)
+        _make_out(args.out)  # before a split of minutes, not after it
         progress.update()
         t0 = time.perf_counter()
         progress.set_description("checking and indexing the graph")
@@ -400,7 +418,6 @@ def _cmd_partition(args: argparse.Namespace) -> int:
             + (" (causal)" if graph.is_causal else "")
             + f"; {args.method} into {n_parts} parts in {seconds:.1f} s"
         )
-        _make_out(args.out)
         paths = []
         for r in range(n_parts):
             progress.set_description(f"writing part {r + 1} of {n_parts}")
@@ -740,7 +757,9 @@ def _add_partition(sub: Any) -> None:
         "--method", choices=PARTITION_METHODS, default="metis", help="how to split (default metis)"
     )
     part.add_argument("--causal", action="store_true", help="keep only the edges j <= i")
-    part.add_argument("--seed", type=_SEED, default=0, help="seeds METIS and random (default 0)")
+    part.add_argument(
+        "--seed", type=_PARTITION_SEED, default=0, help="seeds METIS and random (default 0)"
+    )
     part.add_argument(
         "--out", type=_out_dir, required=True, help="folder for the part files, made if missing"
     )

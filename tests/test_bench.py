@@ -110,8 +110,8 @@ def test_train_suite_times_a_training_step_against_mp(tmp_path):
     # Same weights, same dropout masks: the first steps' losses and gradients agree.
     assert mp["max_abs_diff"] is not None and mp["max_abs_diff"] < 1e-4, mp
     assert "loss and parameter gradients" in mp["note"]
-    assert "mp / fused = " in mp["note"]
-    assert "fused(dropout 0.1) / fused(dropout 0) = " in plain["note"]
+    assert "mp / auto = " in mp["note"]
+    assert "auto(dropout 0.1) / auto(dropout 0) = " in plain["note"]
     assert plain["max_abs_diff"] is None  # another function: no diff
 
 
@@ -379,15 +379,30 @@ def test_models_causal_graph_is_built_once_on_the_case_device(monkeypatch):
 def test_json_path_that_cannot_be_written_is_refused_before_the_run(monkeypatch, capsys, tmp_path):
     from gnnattn import cli
 
-    monkeypatch.setattr(cli.os, "access", lambda path, mode: False)
-    for path, needle in ((tmp_path / "new.json", "is not writable"), (tmp_path, "a folder")):
+    # The probe leaves a new file unmade and an existing one as it was.
+    existing = tmp_path / "old.json"
+    existing.write_text("{}")
+    assert cli._out_file(str(existing)) == str(existing) and existing.read_text() == "{}"
+    assert cli._out_file(str(tmp_path / "new.json")) and not (tmp_path / "new.json").exists()
+
+    def refused(path: str, mode: str = "r"):
+        raise PermissionError(13, "Permission denied")
+
+    cases = [
+        (tmp_path, "a folder"),
+        (f"{tmp_path}/new/", "a folder"),  # abspath would drop the slash
+        (tmp_path / "missing" / "b.json", "is not a folder"),
+        ("", "got ''"),
+    ]
+    for path, needle in cases:
         assert main(["bench", "--json", str(path)]) == 2
         err = capsys.readouterr().err
         assert err.startswith("gnnattn bench: ") and "--json" in err and needle in err, err
-    existing = tmp_path / "old.json"
-    existing.write_text("{}")
-    assert main(["bench", "--json", str(existing)]) == 2
-    assert "read-only" in capsys.readouterr().err
+    # A file the user cannot write (root passes os.access for any path).
+    monkeypatch.setattr(cli, "open", refused, raising=False)
+    for path in (tmp_path / "new.json", existing):
+        assert main(["bench", "--json", str(path)]) == 2
+        assert "can be written" in capsys.readouterr().err
 
 
 def test_json_write_error_at_the_end_is_one_line(monkeypatch, capsys, tmp_path):
@@ -469,3 +484,67 @@ def test_train_diff_covers_the_backward():
     # The same loss, a wrong gradient: the diff shows it.
     assert _first_step_diff(base, _First(1.5, [torch.ones(3), torch.tensor([0.0, 0.25])])) == 0.25
     assert _first_step_diff(base, _First(1.0, base.grads)) == 0.5
+
+
+def test_a_candidate_failing_after_its_warm_up_is_an_error_row_and_the_others_go_on():
+    import torch
+
+    from gnnattn.bench.harness import BenchConfig, Candidate, Case, run_case
+
+    calls = [0]
+
+    def fails_on_its_second_call(t):
+        calls[0] += 1
+        if calls[0] >= 2:
+            raise RuntimeError("out of memory (second call)")
+        return t * 2
+
+    x = torch.randn(4, requires_grad=True)
+    case = Case(
+        "demo",
+        "a flaky candidate",
+        x,
+        torch.ones(4),
+        "good",
+        [Candidate("good", lambda t: t * 2), Candidate("flaky", fails_on_its_second_call)],
+    )
+    rows = {r["candidate"]: r for r in run_case(case, "fwd", BenchConfig(min_reps=3, max_reps=3))}
+    assert rows["good"]["status"] == "ok" and rows["good"]["reps"] == 3
+    assert rows["good"]["median_ms"] is not None and rows["good"]["peak_bytes"] is not None
+    flaky = rows["flaky"]
+    assert flaky["status"] == "error: RuntimeError: out of memory (second call)"
+    assert flaky["median_ms"] is None and flaky["ratio"] is None and flaky["peak_bytes"] is None
+
+
+def test_tiles_cases_keep_an_unavailable_flex_row_saying_why(monkeypatch):
+    import torch
+    import torch.nn.attention.flex_attention as flex
+
+    from gnnattn.bench import BenchConfig
+    from gnnattn.bench.suites import tiles
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("no block mask here")
+
+    monkeypatch.setattr(flex, "create_block_mask", fails)
+    fwd, bwd = tiles._window_cases(BenchConfig(quick=True), torch.device("cpu"))
+    assert fwd.baseline == "dense SDPA, boolean mask"
+    skipped = [c for c in fwd.candidates if c.name.startswith("FlexAttention")]
+    assert len(skipped) == 1 and "no block mask here" in skipped[0].skip
+    # The CPU's Flex has no backward: no Flex row there, available or not.
+    assert not any(c.name.startswith("FlexAttention") for c in bwd.candidates)
+
+
+def test_the_share_of_empty_blocks_is_a_share_at_any_length():
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from gnnattn.bench.suites.tiles import _empty_blocks
+
+    def window(b, h, q, k):
+        return (q - k).abs() <= 20
+
+    # 200 tokens: 2 x 2 blocks of 128, all four visited (sparsity() says -64%).
+    assert _empty_blocks(create_block_mask(window, None, None, 200, 200, device="cpu")) == 0.0
+    # 1,024 tokens: 8 x 8 blocks, 8 + 2 * 7 visited.
+    share = _empty_blocks(create_block_mask(window, None, None, 1024, 1024, device="cpu"))
+    assert share == pytest.approx(100 * (1 - 22 / 64))

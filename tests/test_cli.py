@@ -36,7 +36,7 @@ def _one_line_error(capsys, argv, *needles: str) -> str:
         (["check", "--tokens", "many"], ["--tokens", "expected an int, got 'many'"]),
         (["check", "--tokens", "100000"], ["--tokens", "got 100000"]),
         (["check", "--seed", "-1"], ["--seed"]),
-        (["compare", "--heads", "3"], ["divisible by 'num_heads'", "num_heads=3"]),
+        (["compare", "--heads", "3"], ["--heads", "a divisor of --embed-dim 16, got 3"]),
         (["compare", "--heads", "0"], ["--heads", "got 0"]),
         (["compare", "--tokens", "0"], ["--tokens"]),
         (["compare", "--embed-dim", "0"], ["--embed-dim"]),

@@ -86,6 +86,7 @@ def test_bad_inputs_are_one_line_and_status_2(tmp_path, capsys):
     _error(capsys, ["partition", str(text), "--parts", "2", *out], "torch.save file")
     cases = {
         "float": (torch.rand(2, 5), "integer edge_index of shape [2, E]"),
+        "bool": (torch.rand(2, 5) > 0.5, "got torch.bool"),
         "shape": (torch.zeros(3, 5, dtype=torch.long), "shape [2, E]"),
         "list": ([1, 2], "got list"),
         "nokey": ({"edges": _graph()}, "'edge_index'"),
@@ -97,6 +98,22 @@ def test_bad_inputs_are_one_line_and_status_2(tmp_path, capsys):
         path = tmp_path / f"{name}.pt"
         torch.save(data, path)
         _error(capsys, ["partition", str(path), "--parts", "2", *out], needle)
+    # partition()'s seed is an int64: refused by the option, before the graph is read.
+    _error(capsys, ["partition", str(good), "--parts", "2", "--seed", str(2**63), *out], "--seed")
+
+
+def test_an_out_folder_that_cannot_be_made_is_refused_before_the_split(
+    tmp_path, capsys, monkeypatch
+):
+    import gnnattn.distributed
+
+    def no_split(*args, **kwargs):
+        raise AssertionError("the graph was split before --out was checked")
+
+    monkeypatch.setattr(gnnattn.distributed, "partition", no_split)
+    good = tmp_path / "good.pt"
+    torch.save(_graph(), good)
+    _error(capsys, ["partition", str(good), "--parts", "2", "--out", str(good / "o")], "--out")
 
 
 class _Terminal(io.StringIO):

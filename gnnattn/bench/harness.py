@@ -390,17 +390,28 @@ def run_case(case: Case, mode: str, cfg: BenchConfig) -> list[dict[str, Any]]:
     for rep in range(reps if active else 0):
         shift = rep % len(active)
         for cand in active[shift:] + active[:shift]:
-            if rows[cand.name]["reps"] >= limit[cand.name]:
+            r = rows[cand.name]
+            if r["status"] != "ok" or r["reps"] >= limit[cand.name]:
                 continue
-            seconds, out = _timed(case, cand, mode)
+            try:
+                seconds, out = _timed(case, cand, mode)
+            except Exception as err:  # noqa: BLE001 - as in the warm-up: the others go on
+                # A later call failed (memory, a recompile limit): no median of the
+                # calls before it, which would pass for the candidate's time.
+                r["status"], r["times_ms"], r["reps"] = error_status(err), [], 0
+                continue
             del out
             rows[cand.name]["times_ms"].append(seconds * 1e3)
             rows[cand.name]["reps"] += 1
     if cfg.memory and case.memory:
         # After the timing, so that the profiler's own work cannot disturb it.
         for cand in order:
-            if cand.name in estimate:
-                rows[cand.name]["peak_bytes"] = _peak_bytes(case, cand, mode)
+            r = rows[cand.name]
+            if cand.name in estimate and r["status"] == "ok":
+                try:
+                    r["peak_bytes"] = _peak_bytes(case, cand, mode)
+                except Exception as err:  # noqa: BLE001 - its times stand; the others go on
+                    _note(r, f"peak memory {error_status(err)}")
     for p in (case.x, *case.params):
         p.grad = None
     for r in rows.values():

@@ -25,7 +25,7 @@ largest difference of its first step's loss and of every parameter's gradient
 in that step (before the optimizer's update) from the baseline's, so a wrong
 backward shows as well as a wrong forward. The ``dropout 0`` row
 computes another function (no max|diff|); its note gives
-``fused(dropout 0.1) / fused(dropout 0)``.
+``auto(dropout 0.1) / auto(dropout 0)`` (on the CPU both take ``"fused"``).
 """
 
 from __future__ import annotations
@@ -220,8 +220,8 @@ def train_rows(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> li
             "dropout masks)",
         )
     if by[MP]["ratio"] is not None:
-        note(by[MP], f"mp / fused = {by[MP]['ratio']:.2f}")
+        note(by[MP], f"mp / auto = {by[MP]['ratio']:.2f}")
     fused_ms, plain_ms = by[FUSED]["median_ms"], by[NO_DROPOUT]["median_ms"]
     if fused_ms and plain_ms:
-        note(by[NO_DROPOUT], f"fused(dropout 0.1) / fused(dropout 0) = {fused_ms / plain_ms:.2f}")
+        note(by[NO_DROPOUT], f"auto(dropout 0.1) / auto(dropout 0) = {fused_ms / plain_ms:.2f}")
     return rows
