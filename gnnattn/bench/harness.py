@@ -60,6 +60,7 @@ __all__ = [
     "Case",
     "error_row",
     "error_status",
+    "add_note",
     "max_abs_diff",
     "row",
     "run_case",
@@ -327,7 +328,8 @@ def error_row(suite: str, what: str, err: BaseException) -> dict[str, Any]:
     )
 
 
-def _note(r: dict[str, Any], text: str) -> None:
+def add_note(r: dict[str, Any], text: str) -> None:
+    """Append ``text`` to a row's note (``"; "`` between notes)."""
     r["note"] = (r["note"] + "; " if r["note"] else "") + text
 
 
@@ -372,12 +374,12 @@ def run_case(case: Case, mode: str, cfg: BenchConfig) -> list[dict[str, Any]]:
                 reference, reference_name = out.detach().clone(), cand.name
             r["max_abs_diff"] = max_abs_diff(out, reference)
             if reference_name != case.baseline:
-                _note(r, f"diff vs {reference_name}")
+                add_note(r, f"diff vs {reference_name}")
         del out
         estimate[cand.name] = seconds
         active.append(cand)
         if seconds > cfg.max_call_s:
-            _note(r, "1 rep (slow)")
+            add_note(r, "1 rep (slow)")
     del reference
     slow = {c.name for c in active if estimate[c.name] > cfg.max_call_s}
     round_s = sum(estimate[c.name] for c in active if c.name not in slow)
@@ -411,7 +413,7 @@ def run_case(case: Case, mode: str, cfg: BenchConfig) -> list[dict[str, Any]]:
                 try:
                     r["peak_bytes"] = _peak_bytes(case, cand, mode)
                 except Exception as err:  # noqa: BLE001 - its times stand; the others go on
-                    _note(r, f"peak memory {error_status(err)}")
+                    add_note(r, f"peak memory {error_status(err)}")
     for p in (case.x, *case.params):
         p.grad = None
     for r in rows.values():

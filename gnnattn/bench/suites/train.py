@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..harness import BenchConfig, Candidate, Case, max_abs_diff, run_case
+from ..harness import BenchConfig, Candidate, Case, add_note, max_abs_diff, run_case
 from .common import knn_graph, random_points
 
 __all__ = ["SIZES", "train_rows"]
@@ -207,21 +207,18 @@ def train_rows(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> li
     rows = run_case(case, "step", dataclasses.replace(cfg, max_call_s=max(cfg.max_call_s, 60.0)))
     by = {r["candidate"]: r for r in rows}
 
-    def note(r: dict[str, Any], text: str) -> None:
-        r["note"] = (r["note"] + "; " if r["note"] else "") + text
-
-    note(by[FUSED], chose)
+    add_note(by[FUSED], chose)
     if FUSED in first and MP in first:
         by[FUSED]["max_abs_diff"] = 0.0
         by[MP]["max_abs_diff"] = _first_step_diff(first[MP], first[FUSED])
-        note(
+        add_note(
             by[MP],
             "max|diff| of the first step's loss and parameter gradients (same weights and "
             "dropout masks)",
         )
     if by[MP]["ratio"] is not None:
-        note(by[MP], f"mp / auto = {by[MP]['ratio']:.2f}")
+        add_note(by[MP], f"mp / auto = {by[MP]['ratio']:.2f}")
     fused_ms, plain_ms = by[FUSED]["median_ms"], by[NO_DROPOUT]["median_ms"]
     if fused_ms and plain_ms:
-        note(by[NO_DROPOUT], f"auto(dropout 0.1) / auto(dropout 0) = {fused_ms / plain_ms:.2f}")
+        add_note(by[NO_DROPOUT], f"auto(dropout 0.1) / auto(dropout 0) = {fused_ms / plain_ms:.2f}")
     return rows
