@@ -351,9 +351,11 @@ class GPSConv(torch.nn.Module):
                 edges (node ids of ``x``, then the virtual nodes; messages
                 ``edge_index[0] -> edge_index[1]``) and ``alpha [|E_G|, H]``,
                 each target's softmax over its neighbours, per head, before
-                dropout (for ``"multihead"`` what ``attn(x_g, x_g, x_g,
-                average_attn_weights=False)`` returns for graph :math:`g`, as
-                edges), differentiable on every backend. (default: :obj:`False`)
+                dropout (for ``"multihead"``, what ``attn(x_g, x_g, x_g,
+                average_attn_weights=False)`` returns for graph :math:`g` in
+                eval mode, as edges; in training ``MultiheadAttention``
+                returns them after its dropout), differentiable on every
+                backend. (default: :obj:`False`)
             **kwargs: further arguments of ``conv`` (``edge_attr``, ...).
         """
         check_x(x, self.channels)
