@@ -154,18 +154,26 @@ def _out_file(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"expected a file in an existing folder, got {text!r} ({parent!r} is not a folder)"
         )
-    # Opened to append (an existing file keeps its bytes), not os.access: that says
-    # yes to any path for root, and knows nothing of read-only or virtual file systems.
-    existed = os.path.exists(text)
+    # Probed, not os.access: that says yes to any path for root, and knows nothing
+    # of read-only or virtual file systems. A new file's folder gets a temporary
+    # file (the path itself is not made: it may be a dangling link); an existing
+    # regular file is opened to append (its bytes kept). A pipe or a device is
+    # not opened: a reader would take the probe's close for the end.
+    import tempfile
+
     try:
-        with open(text, "a"):
-            pass
+        if not os.path.exists(text):
+            with tempfile.TemporaryFile(dir=parent):
+                pass
+        elif os.path.isfile(text):
+            with open(text, "a"):
+                pass
+        elif not os.access(text, os.W_OK):
+            raise PermissionError(13, "Permission denied")
     except OSError as err:
         raise argparse.ArgumentTypeError(
             f"expected a file that can be written, got {text!r}: {err.strerror}"
         ) from None
-    if not existed:
-        os.remove(text)
     return text
 
 
@@ -398,11 +406,11 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     # shows the time spent, not a time left.
     with bar(4 + n_parts, "reading the graph", eta=False) as progress:
         edge_index, num_nodes = _read_graph(args.graph)
-        _make_out(args.out)  # before a split of minutes, not after it
         progress.update()
         t0 = time.perf_counter()
         progress.set_description("checking and indexing the graph")
         graph = AttentionGraph(edge_index, num_nodes, causal=args.causal)
+        _make_out(args.out)  # once the graph is taken, before a split of minutes
         progress.update()
         progress.set_description(f"{args.method}: splitting into {n_parts} parts")
         try:

@@ -119,6 +119,11 @@ def errors() -> dict[str, str]:
     }
     msgs = {name: _message(fn) for name, fn in bad.items()}
     msgs["default_shard"] = str(sequence_shard(7).tolist() == part.tokens.tolist())
+    # p = 1 drops every weight (a layer's dropout=1 in training): zeros, no refusal.
+    qg = q.clone().requires_grad_()
+    out = part.attention(qg, qg, qg, dropout_p=1.0)
+    out.sum().backward()
+    msgs["dropout_one"] = str(not out.any().item() and not qg.grad.any().item())
     return msgs
 
 

@@ -377,15 +377,21 @@ def test_models_causal_graph_is_built_once_on_the_case_device(monkeypatch):
 
 
 def test_json_path_that_cannot_be_written_is_refused_before_the_run(monkeypatch, capsys, tmp_path):
+    import tempfile
+
     from gnnattn import cli
 
-    # The probe leaves a new file unmade and an existing one as it was.
+    # The probe leaves a new file unmade (a dangling link stays one) and an
+    # existing one as it was.
     existing = tmp_path / "old.json"
     existing.write_text("{}")
     assert cli._out_file(str(existing)) == str(existing) and existing.read_text() == "{}"
     assert cli._out_file(str(tmp_path / "new.json")) and not (tmp_path / "new.json").exists()
+    (tmp_path / "link.json").symlink_to(tmp_path / "target.json")
+    assert cli._out_file(str(tmp_path / "link.json"))
+    assert (tmp_path / "link.json").is_symlink() and not (tmp_path / "target.json").exists()
 
-    def refused(path: str, mode: str = "r"):
+    def refused(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
     cases = [
@@ -398,8 +404,10 @@ def test_json_path_that_cannot_be_written_is_refused_before_the_run(monkeypatch,
         assert main(["bench", "--json", str(path)]) == 2
         err = capsys.readouterr().err
         assert err.startswith("gnnattn bench: ") and "--json" in err and needle in err, err
-    # A file the user cannot write (root passes os.access for any path).
+    # A file the user cannot write (root passes os.access for any path), in a
+    # folder it cannot write in.
     monkeypatch.setattr(cli, "open", refused, raising=False)
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
     for path in (tmp_path / "new.json", existing):
         assert main(["bench", "--json", str(path)]) == 2
         assert "can be written" in capsys.readouterr().err

@@ -291,6 +291,48 @@ def test_weights_are_differentiable_on_every_backend(maps):
             torch.testing.assert_close(got, want, atol=1e-10, rtol=0, msg=f"{backend}: d{name}")
 
 
+@pytest.mark.parametrize("backend", ["fused", "sdpa"])
+def test_differentiable_weights_keep_no_edge_tensors_for_the_backward(backend):
+    # The weights' per-edge products are recomputed in the backward: asking for the
+    # weights (to plot them, say) keeps no |E| x H x C gather alive with them.
+    n, h, c = 60, 2, 16
+    graph = (
+        AttentionGraph.complete(lengths=[20, 40])
+        if backend == "sdpa"
+        else AttentionGraph(torch.randint(0, n, (2, 1500), generator=torch.Generator()), n)
+    )
+    q, k, v = (torch.randn(n, h, c, dtype=torch.float64, requires_grad=True) for _ in range(3))
+
+    def saved_bytes(need_weights: bool) -> int:
+        seen = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            res = attention(q, k, v, graph, backend=backend, need_weights=need_weights)
+        assert not need_weights or res.weights.requires_grad
+        return sum(seen.values())
+
+    gather = graph.num_edges * h * c * 8  # one [E, H, C] float64 tensor
+    assert saved_bytes(True) - saved_bytes(False) < gather / 4
+
+
+@pytest.mark.parametrize("backend", ["mp", "fused", "sdpa", "tiles"])
+def test_no_head_gives_empty_results_in_the_autograd_graph(backend):
+    # H = 0: empty out, lse and weights, each with a (zero) gradient to q, k, v, as a
+    # loss of any of them needs.
+    graph = AttentionGraph.causal(6)
+    q, k, v = (torch.randn(6, 0, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    res = attention(q, k, v, graph, scale=0.5, backend=backend, need_weights=True, return_lse=True)
+    assert res.out.shape == (6, 0, 4) and res.lse.shape == (6, 0)
+    assert res.weights.shape == (graph.num_edges, 0)
+    for t in (res.out, res.lse, res.weights):
+        grads = torch.autograd.grad(t.sum(), (q, k, v), allow_unused=True, retain_graph=True)
+        assert all(g is None or not g.any() for g in grads)
+
+
 def test_dropout_same_mask_on_mp_and_fused_and_kept_fraction():
     n, h = 400, 4
     ei = torch.randint(0, n, (2, 6000), generator=torch.Generator().manual_seed(0))

@@ -102,18 +102,30 @@ def test_bad_inputs_are_one_line_and_status_2(tmp_path, capsys):
     _error(capsys, ["partition", str(good), "--parts", "2", "--seed", str(2**63), *out], "--seed")
 
 
-def test_an_out_folder_that_cannot_be_made_is_refused_before_the_split(
+def test_an_out_folder_that_cannot_be_written_is_refused_before_the_split(
     tmp_path, capsys, monkeypatch
 ):
+    import tempfile
+
     import gnnattn.distributed
 
     def no_split(*args, **kwargs):
         raise AssertionError("the graph was split before --out was checked")
 
-    monkeypatch.setattr(gnnattn.distributed, "partition", no_split)
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
     good = tmp_path / "good.pt"
     torch.save(_graph(), good)
-    _error(capsys, ["partition", str(good), "--parts", "2", "--out", str(good / "o")], "--out")
+    # A graph refused on its contents leaves no --out folder behind.
+    bad = tmp_path / "bad.pt"
+    torch.save({"edge_index": _graph(), "num_nodes": 3}, bad)
+    _error(capsys, ["partition", str(bad), "--parts", "2", "--out", str(tmp_path / "p")], "3")
+    assert not (tmp_path / "p").exists()
+    monkeypatch.setattr(gnnattn.distributed, "partition", no_split)
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    out = ["--out", str(tmp_path / "o")]
+    _error(capsys, ["partition", str(good), "--parts", "2", *out], "--out", "Read-only")
 
 
 class _Terminal(io.StringIO):

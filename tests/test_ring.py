@@ -93,6 +93,7 @@ def test_unsupported_options_raise_on_every_rank(launched: dict[str, Any]) -> No
         assert "same heads" in msgs["heads"]
         assert "'causal' and 'layout'" in msgs["mask"] and "[3, 2, 4, 4, 2, 1, 0]" in msgs["mask"]
         assert msgs["default_shard"] == "True"
+        assert msgs["dropout_one"] == "True"
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..checks import check_choice, check_float, check_int, check_tensor
+from ..checks import check_choice, check_float, check_int, check_probability, check_tensor
 from ..kernels.common import acc_dtype
 from ..ops import AttentionOutput
 
@@ -560,7 +560,7 @@ class SequencePart:
 
         Every rank of the group calls it together (and the backward pass).
         The per-edge options (``score_bias``, ``edge_attr``, ``edge_key``,
-        ``edge_value``), dropout and ``need_weights`` raise a
+        ``edge_value``), a dropout in (0, 1) and ``need_weights`` raise a
         ``ValueError``; ``backend`` is ``"auto"`` or ``"ring"`` (the blocks are
         dense matmuls whatever the backend, so naming another one is an error).
 
@@ -573,7 +573,9 @@ class SequencePart:
         for option, value in edges.items():
             if value is not None:
                 _refuse(option, type(value).__name__, _NO_EDGES)
-        if check_float(dropout_p, "dropout_p", lo=0.0, hi=1.0) > 0:
+        # p = 1 drops every weight (as F.dropout and gnnattn.attention): no mask to draw.
+        drop_all = check_probability(dropout_p, "dropout_p") == 1.0
+        if 0.0 < dropout_p < 1.0:
             _refuse("dropout_p", dropout_p, "the ring has no attention dropout; use 0.0")
         if need_weights:
             _refuse("need_weights", need_weights, "the ring never holds the [T, T] weights")
@@ -594,4 +596,6 @@ class SequencePart:
             group=self.group,
             return_lse=True,
         )
+        if drop_all:
+            out = out * 0.0  # zero gradients to q, k and v; the lse is that before dropout
         return AttentionOutput(out, lse, None, "ring") if return_lse else out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..checks import check_probability
+from ..checks import check_bool, check_probability
 from ..ops.activation_dropout import dropout
 
 __all__ = ["Dropout"]
@@ -38,8 +38,7 @@ class Dropout(torch.nn.Dropout):
 
     def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
         check_probability(p, "p")
-        if not isinstance(inplace, bool):
-            raise TypeError(f"Expected 'inplace' to be a bool, got {type(inplace).__name__}")
+        check_bool(inplace, "inplace")
         super().__init__(p, inplace)
 
     def forward(self, input: Tensor) -> Tensor:

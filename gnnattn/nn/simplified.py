@@ -84,7 +84,8 @@ class SimplifiedAttention(MessagePassing):
                 "Expected a SimplifiedAttention without PyG hooks, an explainer or "
                 "MessagePassing options: it runs gnnattn's operator only, which forms no "
                 "per-edge messages for them; got them set. Use SelfAttentionConv, which "
-                "takes PyG's propagate for them"
+                "takes PyG's propagate for them, or set layer.explain = False to explain "
+                "a model around this layer"
             )
         graph = self._graph(x, edge_index, batch)
         n, d = x.shape

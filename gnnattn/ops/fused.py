@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from .. import kernels
 from ..graphs import AttentionGraph
@@ -170,7 +171,35 @@ def edge_weights(
     edge_query: Tensor | None = None,
 ) -> Tensor:
     """The weights ``[|E|, H]`` in ``graph.edge_index`` order: the softmax of the scores
-    recomputed on the edges (``|E| x H`` numbers, whatever the graph's structure)."""
+    recomputed on the edges (``|E| x H`` numbers, whatever the graph's structure),
+    differentiable.
+
+    With a gradient to keep, the per-edge products are recomputed in the backward
+    (a checkpoint): autograd would otherwise hold the gathered ``q_i`` and ``k_j``,
+    two ``|E| x H x C`` tensors, for as long as the weights live, kept for a plot
+    or not. Compiled, Inductor's partitioner chooses what to keep instead.
+    """
+    inputs = (q, k, bias, edge_attr, edge_query)
+    keep = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
+    if keep and not torch.compiler.is_compiling():
+        # No random numbers inside: the RNG state need not be saved and restored.
+        w = checkpoint(
+            _edge_weights, graph, scale, *inputs, use_reentrant=False, preserve_rng_state=False
+        )
+        assert isinstance(w, Tensor)
+        return w
+    return _edge_weights(graph, scale, *inputs)
+
+
+def _edge_weights(
+    graph: AttentionGraph,
+    scale: float,
+    q: Tensor,
+    k: Tensor,
+    bias: Tensor | None,
+    edge_attr: Tensor | None,
+    edge_query: Tensor | None,
+) -> Tensor:
     csr = graph.csr
     w = kernels.reference.softmax_weights(
         q, k, csr.ptr, csr.col, scale, bias, edge_attr=edge_attr, edge_query=edge_query

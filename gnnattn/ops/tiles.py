@@ -98,9 +98,11 @@ def tiles_attention(a: AttentionArgs) -> tuple[Tensor, Tensor | None, Tensor | N
     if q.shape[1] == 0:
         # No head, nothing to tile (the kernels' views divide by H): empty results,
         # in the autograd graph of q, k and v as the other backends' are.
-        out = v.new_zeros(q.shape[0], 0, v.shape[2]) + (q.sum() + k.sum() + v.sum()) * 0
-        lse = q.new_zeros(q.shape[0], 0, dtype=dtype) if a.return_lse else None
-        return out, lse, (q.new_zeros(graph.num_edges, 0) if a.need_weights else None)
+        link = (q.sum() + k.sum() + v.sum()) * 0
+        out = v.new_zeros(q.shape[0], 0, v.shape[2]) + link
+        lse = q.new_zeros(q.shape[0], 0, dtype=dtype) + link if a.return_lse else None
+        weights = q.new_zeros(graph.num_edges, 0) + link if a.need_weights else None
+        return out, lse, weights
     plan = block_plan(graph)
     qc, kc, vc = (t.to(dtype) for t in (q, k, v))
     h, c, cv = q.shape[1], q.shape[2], v.shape[2]
