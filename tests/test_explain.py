@@ -181,8 +181,39 @@ def test_a_target_whose_scores_are_all_minus_inf_gets_zeros_on_the_hook_path():
     assert (hook_grad - grad).abs().max() < TOL
 
 
-def test_simplified_attention_refuses_hooks_it_cannot_run():
-    layer = SimplifiedAttention()
-    layer.register_message_forward_hook(lambda *args: None)
-    with pytest.raises(ValueError, match="SimplifiedAttention without PyG hooks"):
-        layer(torch.randn(4, 3))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("given", ["implicit", "edge_index"])
+def test_simplified_attention_runs_hooks_on_pygs_path(causal, given):
+    layer = SimplifiedAttention(0.5, causal=causal)
+    x = torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    ei = EI if given == "edge_index" else None
+    want, (want_ei, want_alpha) = layer(x, ei, return_attention_weights=True)
+    seen = []
+    handle = layer.register_message_forward_hook(lambda m, inputs, out: seen.append(out.shape))
+    assert layer.backend_for(x, ei).backend == "propagate"
+    out, (got_ei, alpha) = layer(x, ei, return_attention_weights=True)
+    assert seen == [(want_ei.shape[1], 3)]  # one [E, d] message per kept edge
+    assert torch.equal(got_ei, want_ei)
+    assert (out - want).abs().max() < TOL and (alpha - want_alpha).abs().max() < TOL
+    assert getattr(layer, "_alpha", None) is None
+    handle.remove()
+    assert layer.backend_for(x, ei).backend != "propagate"
+
+
+def test_explaining_a_causal_simplified_attention_masks_the_edges_it_keeps():
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 4)
+            self.attn = SimplifiedAttention(causal=True)
+
+        def forward(self, x, edge_index):
+            return self.attn(self.lin(x), edge_index)[:, :3]
+
+    torch.manual_seed(0)
+    x, ei, _ = _inputs(False, torch.float32)
+    explanation = _explainer(Model())(x, ei, index=2)
+    # One mask row per edge given; the edges the causal graph dropped (j > i) get none.
+    mask = explanation.edge_mask
+    assert mask.shape == (ei.shape[1],)
+    assert (mask[ei[0] > ei[1]] == 0).all() and (mask[ei[0] <= ei[1]] >= 0).all()

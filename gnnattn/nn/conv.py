@@ -7,7 +7,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch_geometric.nn import MessagePassing
 from torch_geometric.typing import OptTensor
 
 from ..checks import check_bool, check_edge_input, check_int, check_like, check_probability, check_x
@@ -15,12 +14,12 @@ from ..ops import AttentionOutput, BackendChoice, check_backend
 from ..softmax import segment_softmax
 from .bias import check_attn_bias
 from .parts import AnyGraph, PartLike, attend, choose, graph_or_part
-from .pyg_path import PYG_PROPAGATE, pyg_edge_index, takes_pyg_path
+from .pyg_path import PYG_PROPAGATE, PropagatedAttention, takes_pyg_path
 
 __all__ = ["SelfAttentionConv"]
 
 
-class SelfAttentionConv(MessagePassing):
+class SelfAttentionConv(PropagatedAttention):
     r"""Multi-head scaled dot-product self-attention over the edges of a graph.
 
     For every target :math:`i` and head :math:`h` (head dim :math:`C = D / H`):
@@ -114,15 +113,6 @@ class SelfAttentionConv(MessagePassing):
         >>> layer((torch.randn(7, 8), torch.randn(2, 8))).shape  # cross-attention
         torch.Size([2, 8])
     """
-
-    # MessagePassing's explainer state (set by PyG's Explainer), typed for mypy.
-    _explain: bool | None
-    _edge_mask: Tensor | None
-    _apply_sigmoid: bool
-    # Only while PyG's propagate runs (no state stays on the layer): the weights
-    # message() computes, and the rows of the explainer's edge mask the graph kept.
-    _alpha: Tensor
-    _explained_rows: Tensor
 
     # The arguments of the propagate call, for PyG's generated propagate (it
     # would otherwise parse them from this module's source).
@@ -314,36 +304,16 @@ class SelfAttentionConv(MessagePassing):
     ) -> tuple[Tensor, Tensor | None]:
         """``(out [N, H, C], alpha [|E|, H])`` from PyG's ``propagate`` and :meth:`message`,
         where hooks and explainers see the messages."""
-        edge_index = pyg_edge_index(graph, type(self).__name__)
-        if self._explain and self.causal and self._edge_mask is not None:
-            # The explainer's mask has a row per edge given; the causal graph
-            # may have dropped some: explain_message takes the rows it kept.
-            given = torch.arange(self._edge_mask.shape[0], device=edge_index.device)
-            self._explained_rows = graph.select_edges(given, "the explainer's edge mask")
-        try:
-            out = self.propagate(
-                edge_index,
-                size=(k.shape[0], q.shape[0]),
-                query=q,
-                key=k,
-                value=v,
-                score_bias=score_bias,
-                edge_attr=edge_attr if self.lin_edge_value is not None else None,
-            )
-        finally:
-            # Off the layer even when the call fails: a layer keeps no call's state.
-            self.__dict__.pop("_explained_rows", None)
-            alpha = self.__dict__.pop("_alpha", None)
-        return out, alpha
-
-    def explain_message(self, inputs: Tensor, dim_size: int | None) -> Tensor:
-        """PyG's: the messages scaled by the explainer's edge mask, its rows those of
-        the edges the graph kept."""
-        mask, rows = self._edge_mask, getattr(self, "_explained_rows", None)
-        if mask is None or rows is None:
-            return super().explain_message(inputs, dim_size)
-        mask = mask.sigmoid() if self._apply_sigmoid else mask
-        return inputs * mask[rows].view(-1, 1, 1)
+        return self.propagate_over(
+            graph,
+            self.causal,
+            size=(k.shape[0], q.shape[0]),
+            query=q,
+            key=k,
+            value=v,
+            score_bias=score_bias,
+            edge_attr=edge_attr if self.lin_edge_value is not None else None,
+        )
 
     # The annotations name no alias (OptTensor): PyG copies them into the
     # propagate it generates, whose module sees only torch's names.

@@ -12,6 +12,9 @@ takes PyG's ``propagate`` with its ``message`` instead.
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from torch import Tensor
 from torch_geometric.nn import MessagePassing
 from torch_geometric.nn.aggr import SumAggregation
@@ -20,7 +23,7 @@ from ..distributed import GraphPart, SequencePart
 from ..ops import BackendChoice
 from .parts import AnyGraph
 
-__all__ = ["PYG_HOOKS", "PYG_PROPAGATE", "pyg_edge_index", "takes_pyg_path"]
+__all__ = ["PYG_HOOKS", "PYG_PROPAGATE", "PropagatedAttention", "pyg_edge_index", "takes_pyg_path"]
 
 #: ``MessagePassing``'s own hooks (on propagate, message, aggregate...): a layer that
 #: has any takes PyG's path, where they run.
@@ -74,3 +77,49 @@ def pyg_edge_index(graph: AnyGraph, layer: str) -> Tensor:
             f"the layer on the whole graph"
         )
     return graph.edge_index
+
+
+class PropagatedAttention(MessagePassing):
+    """The PyG path of an attention layer whose graph may drop edges it was given (a
+    causal layer prunes an explicit ``edge_index``).
+
+    :meth:`propagate_over` runs ``propagate`` over the graph's edges, where the
+    subclass's ``message`` parks the weights on ``self._alpha``; an explainer's
+    edge mask has a row per edge *given*, and :meth:`explain_message` scales each
+    message by the row of the edge the graph kept.
+    """
+
+    # MessagePassing's explainer state (set by PyG's Explainer), typed for mypy.
+    _explain: bool | None
+    _edge_mask: Tensor | None
+    _apply_sigmoid: bool
+    # Only while PyG's propagate runs (no state stays on the layer): the weights
+    # message() computes, and the rows of the explainer's edge mask the graph kept.
+    _alpha: Tensor
+    _explained_rows: Tensor
+
+    def propagate_over(
+        self, graph: AnyGraph, pruned: bool, **kwargs: Any
+    ) -> tuple[Tensor, Tensor | None]:
+        """``(out, alpha)`` of ``propagate(graph.edge_index, **kwargs)``; ``pruned``:
+        the graph may hold fewer edges than the caller gave (a causal view)."""
+        edge_index = pyg_edge_index(graph, type(self).__name__)
+        if self._explain and pruned and self._edge_mask is not None:
+            given = torch.arange(self._edge_mask.shape[0], device=edge_index.device)
+            self._explained_rows = graph.select_edges(given, "the explainer's edge mask")
+        try:
+            out = self.propagate(edge_index, **kwargs)
+        finally:
+            # Off the layer even when the call fails: a layer keeps no call's state.
+            self.__dict__.pop("_explained_rows", None)
+            alpha = self.__dict__.pop("_alpha", None)
+        return out, alpha
+
+    def explain_message(self, inputs: Tensor, dim_size: int | None) -> Tensor:
+        """PyG's: the messages scaled by the explainer's edge mask, its rows those of
+        the edges the graph kept."""
+        mask, rows = self._edge_mask, getattr(self, "_explained_rows", None)
+        if mask is None or rows is None:
+            return super().explain_message(inputs, dim_size)
+        mask = mask.sigmoid() if self._apply_sigmoid else mask
+        return inputs * mask[rows].view(-1, *([1] * (inputs.dim() - 1)))

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from torch import Tensor
-from torch_geometric.nn import MessagePassing
 
 from ..checks import check_bool, check_float, check_x
 from ..graphs import AttentionGraph, GraphLike, as_graph
 from ..ops import AttentionOutput, BackendChoice, attention, backend_for, check_backend
-from .pyg_path import takes_pyg_path
+from ..softmax import segment_softmax
+from .pyg_path import PYG_PROPAGATE, PropagatedAttention, takes_pyg_path
 
 __all__ = ["SimplifiedAttention"]
 
 
-class SimplifiedAttention(MessagePassing):
+class SimplifiedAttention(PropagatedAttention):
     r"""Simplified self-attention: the raw dot products of the inputs are the scores.
 
     .. math::
@@ -25,9 +25,9 @@ class SimplifiedAttention(MessagePassing):
     (computed stably: the per-target maximum is subtracted before ``exp``). On
     the complete graph :math:`Z = \operatorname{softmax}(s X X^\top) X`,
     row-wise. There are no parameters: the layer shows what attention does
-    before :math:`W_Q, W_K, W_V` are added. It always runs gnnattn's operator,
-    which forms no per-edge messages: PyG hooks and explainers on it are
-    refused with a ``ValueError`` (:class:`SelfAttentionConv` takes them).
+    before :math:`W_Q, W_K, W_V` are added. With PyG hooks or an explainer on
+    it, it runs PyG's ``propagate`` with :meth:`message` (the same outputs),
+    as :class:`SelfAttentionConv` does.
 
     Args:
         scale (float, optional): :math:`s`, multiplies the dot products; the
@@ -78,17 +78,16 @@ class SimplifiedAttention(MessagePassing):
         (causal) graph per sequence instead; ``backend`` overrides the
         layer's for this call.
         """
-        if takes_pyg_path(self):
-            # Silently skipping them would explain nothing and call no hook.
-            raise ValueError(
-                "Expected a SimplifiedAttention without PyG hooks, an explainer or "
-                "MessagePassing options: it runs gnnattn's operator only, which forms no "
-                "per-edge messages for them; got them set. Use SelfAttentionConv, which "
-                "takes PyG's propagate for them, or set layer.explain = False to explain "
-                "a model around this layer"
-            )
         graph = self._graph(x, edge_index, batch)
         n, d = x.shape
+        backend = self.backend if backend is None else check_backend(backend)
+        if takes_pyg_path(self):
+            # Hooks and explainers act on per-edge messages, which the operator never forms.
+            out, alpha = self.propagate_over(graph, self.causal, x=x, size=(n, n))
+            if return_attention_weights:
+                assert alpha is not None
+                return out, (graph.edge_index, alpha)
+            return out
         h = x.view(n, 1, d)  # (N, 1, d): one head whose q = k = v = x
         res = attention(
             h,
@@ -96,7 +95,7 @@ class SimplifiedAttention(MessagePassing):
             h,
             graph,
             scale=self.scale,
-            backend=self.backend if backend is None else check_backend(backend),
+            backend=backend,
             need_weights=return_attention_weights,
         )
         if isinstance(res, AttentionOutput):
@@ -119,11 +118,27 @@ class SimplifiedAttention(MessagePassing):
             'sdpa'
         """
         graph = self._graph(x, edge_index, batch)
+        if takes_pyg_path(self):
+            return PYG_PROPAGATE
         return backend_for(
             x.new_empty(0, 1, x.shape[1]),
             graph,
             backend=self.backend if backend is None else check_backend(backend),
         )
+
+    # The arguments of the propagate call, for PyG's generated propagate (it
+    # would otherwise parse them from this module's source).
+    propagate_type = {"x": Tensor}
+
+    def message(
+        self, x_i: Tensor, x_j: Tensor, index: Tensor, ptr: Tensor | None, size_i: int | None
+    ) -> Tensor:
+        """The message ``alpha_ij x_j``, ``[|E|, d]``: the operator's, formed per edge."""
+        # gnnattn's softmax (stable; zeros for a target of -inf scores), as the operator's.
+        assert size_i is not None  # propagate sizes the targets from x_i
+        alpha = segment_softmax((x_i * x_j).sum(dim=-1) * self.scale, index, size_i)
+        self._alpha = alpha
+        return x_j * alpha.unsqueeze(-1)
 
     def _graph(
         self, x: Tensor, edge_index: GraphLike | None, batch: Tensor | None
