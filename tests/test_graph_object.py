@@ -641,3 +641,67 @@ def test_a_detected_structure_is_not_kept_after_an_in_place_change(backend):
     with pytest.raises(ValueError, match="modified in place"):
         graph.causal_view()
     assert view.num_edges == 10
+
+
+def _sparse(ei: torch.Tensor, n: int, layout: str) -> torch.Tensor:
+    adj_t = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1]), (n, n)).coalesce()
+    return {"coo": adj_t, "csr": adj_t.to_sparse_csr(), "csc": adj_t.to_sparse_csc()}[layout]
+
+
+def _indices_of(adj_t: torch.Tensor) -> torch.Tensor:
+    if adj_t.layout == torch.sparse_coo:
+        return adj_t._indices()[1]
+    if adj_t.layout == torch.sparse_csr:
+        return adj_t.col_indices()
+    return adj_t.row_indices()
+
+
+@pytest.mark.parametrize("given", ["int32", "causal", "coo", "csr", "csc", "causal view"])
+def test_an_in_place_change_is_refused_where_the_graph_holds_a_copy(given):
+    """int32 ids, pruned edges and a sparse adjacency's indices are converted (or kept
+    as given, a CSR's); a later change in place of the caller's tensor raised only
+    for an int64 edge_index: the others kept training on the old edges, and a CSR
+    adjacency's cached transposed CSR gave wrong gradients."""
+    ei = torch.tensor([[1, 0, 2, 0, 3], [0, 1, 1, 2, 3]])
+    if given == "int32":
+        src = ei.int()
+        graph = AttentionGraph(src, 4)
+    elif given == "causal":
+        src = ei
+        graph = AttentionGraph(src, 4, causal=True)
+    elif given == "causal view":
+        src = ei
+        graph = AttentionGraph(src, 4).causal_view()
+    else:
+        adj_t = _sparse(ei, 4, given)
+        src = _indices_of(adj_t)
+        graph = AttentionGraph(adj_t)
+    graph.prepare()
+    q = torch.randn(4, 1, 2, dtype=torch.float64)
+    attention(q, q, q, graph)  # reads as built
+    src[(0, 1) if src.dim() == 2 else 0] = 3  # an edge's source becomes node 3
+    with pytest.raises(ValueError, match="modified in place"):
+        attention(q, q, q, graph)
+
+
+@pytest.mark.parametrize("layout", ["csr", "csc"])
+def test_a_sparse_adjacency_with_pointers_of_another_length_is_refused(layout):
+    # torch.sparse checks nothing by default: a CSR of 3 rows with 3 pointers was
+    # taken, and the fused kernel read past the end of them (garbage outputs).
+    make = torch.sparse_csr_tensor if layout == "csr" else torch.sparse_csc_tensor
+    for ptr in ([0, 1, 2], [0, 1, 1, 2, 2]):
+        adj_t = make(torch.tensor(ptr), torch.tensor([1, 0]), torch.ones(2), (3, 3))
+        with pytest.raises(ValueError, match=r"of shape \[4\] \(one more than the 3 rows\)"):
+            AttentionGraph(adj_t)
+
+
+@pytest.mark.parametrize("size", [(5, None), (None, 5)])
+def test_an_edge_index_with_one_size_known_is_a_square_graph_of_that_size(size):
+    # (5, None) made a bipartite graph of 5 sources and max id + 1 targets.
+    ei = torch.tensor([[0, 1, 2, 1], [1, 2, 0, 0]])
+    graph = AttentionGraph(EdgeIndex(ei, sparse_size=size))
+    assert not graph.is_bipartite
+    assert (graph.num_dst, graph.num_src) == (5, 5)
+    assert graph.causal_view().num_edges == 2
+    with pytest.raises(ValueError, match="got a bipartite one .* sizes of the EdgeIndex"):
+        AttentionGraph(EdgeIndex(ei, sparse_size=(4, 3)), causal=True)

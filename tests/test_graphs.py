@@ -3,8 +3,11 @@ import pytest
 import torch
 
 from gnnattn import (
+    AttentionGraph,
+    bigbird_graph,
     causal_graph,
     complete_graph,
+    dilated_window_graph,
     edge_index_to_mask,
     mask_to_edge_index,
     sliding_window_graph,
@@ -135,3 +138,30 @@ def test_int64_arithmetic_near_2_pow_31():
     assert rowptr.tolist() == [0, 2**31 - 1]
     small = _expand(torch.tensor([2, 1]), torch.tensor([2**31 + 5, 7]))
     assert small.tolist() == [[2**31 + 5, 2**31 + 6, 7], [0, 0, 1]]
+
+
+def test_mask_to_edge_index_takes_bool_masks_only():
+    # An additive float mask marks "attend" with 0: read by truth value it gave
+    # the strictly upper triangle for nn.Transformer's causal mask.
+    additive = torch.nn.Transformer.generate_square_subsequent_mask(3)
+    with pytest.raises(TypeError, match="'mask' of dtype torch.bool .* got torch.float32"):
+        mask_to_edge_index(additive)
+    assert torch.equal(mask_to_edge_index(additive == 0), causal_graph(3))
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda flag: AttentionGraph(causal_graph(3), causal=flag),
+        lambda flag: AttentionGraph.window(4, window=1, causal=flag),
+        lambda flag: AttentionGraph.from_batch(torch.zeros(3), causal=flag),
+        lambda flag: sliding_window_graph(4, window=1, causal=flag),
+        lambda flag: dilated_window_graph(4, window=1, dilation=2, causal=flag),
+        lambda flag: bigbird_graph(8, block_size=2, causal=flag),
+        lambda flag: complete_graph(3, self_loops=flag),
+    ],
+)
+def test_graph_flags_must_be_bools(build):
+    # "no" was read by its truth: a causal graph where the caller meant none.
+    with pytest.raises(TypeError, match="to be a bool, got str"):
+        build("no")

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..checks import check_int, check_tensor
+from ..checks import check_bool, check_int, check_tensor
 from .validate import check_batch, check_edge_index
 
 __all__ = [
@@ -117,6 +117,7 @@ def complete_graph(
         >>> complete_graph(4).shape
         torch.Size([2, 16])
     """
+    check_bool(self_loops, "self_loops")
     start, length, _ = _sequence_layout(num_nodes, batch, device)
     edge_index = _expand(length, start)
     if not self_loops:
@@ -195,6 +196,7 @@ def sliding_window_graph(
                 [0, 0, 1, 1, 1, 2, 2]])
     """
     check_int(window, "window")
+    check_bool(causal, "causal")
     start, length, dev = _sequence_layout(num_nodes, batch, device)
     # N bounds every sequence's length: a larger window (sys.maxsize) would wrap pos + window.
     window = min(window, start.numel())
@@ -244,10 +246,17 @@ def mask_to_edge_index(mask: Tensor) -> Tensor:
                 [0, 1, 1]])
     """
     check_tensor(mask, "mask")
+    if mask.dtype != torch.bool:
+        # A float mask is ambiguous: PyTorch's additive masks mark "attend" with 0
+        # (and "masked" with -inf), which a truth value would read inverted.
+        raise TypeError(
+            f"Expected 'mask' of dtype torch.bool (True = attend), got {mask.dtype}; "
+            "for an additive float mask (0 = attend, -inf = masked) pass mask == 0"
+        )
     if mask.dim() != 2:
         raise ValueError(f"Expected 'mask' of shape [N, N], got {list(mask.shape)}")
     # nonzero() walks row-major, that is by target i, then source j.
-    i, j = mask.bool().nonzero(as_tuple=True)
+    i, j = mask.nonzero(as_tuple=True)
     return torch.stack([j, i])
 
 

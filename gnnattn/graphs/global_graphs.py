@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..checks import check_int, check_tensor
+from ..checks import check_bool, check_int, check_tensor
 from .csr import CSR
 from .graph import AttentionGraph
 from .inputs import plain
@@ -780,6 +780,7 @@ def exphormer_graph(
     """
     check_int(expander_degree, "expander_degree")
     check_int(virtual_nodes, "virtual_nodes")
+    check_bool(self_loops, "self_loops")
     gen = _generator(seed)
     check_tensor(edge_index, "edge_index")
     ei_plain = plain(edge_index)

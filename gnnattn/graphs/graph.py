@@ -30,10 +30,10 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from ..checks import check_int
+from ..checks import check_bool, check_int
 from .builders import resolve_lengths, structured_edge_index
 from .csr import CSC, CSR, _on_host, _to_csr, _transpose_csr, segment_ids
-from .inputs import canonical_device, normalize
+from .inputs import canonical_device, index_tensors, normalize
 from .structure import Structure, detect_structure
 from .validate import check_edge_index
 
@@ -155,14 +155,15 @@ class AttentionGraph:
     ) -> None:
         check_int(num_nodes, "num_nodes", optional=True)
         check_int(num_src, "num_src", optional=True)
+        check_bool(causal, "causal")
         # Edges on the host are checked by the pass that makes their CSR.
         make = None if causal else _host_builder(edge_index, "csr_plan_tensors")
         ei, n_dst, n_src, csr = normalize(edge_index, num_nodes, num_src, check=make is None)
         if causal and n_src is not None:
             raise ValueError(
                 "Expected a square graph with causal=True (causal order relates tokens of one "
-                f"sequence), got a bipartite one ({n_src} sources, {n_dst} targets): passing "
-                "num_src makes a graph bipartite; leave it out for a square graph"
+                f"sequence), got a bipartite one ({n_src} sources, {n_dst} targets, from "
+                "num_src or the sizes of the EdgeIndex or adjacency): give a square one"
             )
         m = n_src if n_src is not None else n_dst
         plan = None
@@ -173,6 +174,16 @@ class AttentionGraph:
             self._cache[self._plan_key("csr")] = plan
         if causal:
             self._prune_causal()
+        if not torch.compiler.is_compiling():
+            # The caller's tensors where the graph holds a copy or a pruned version
+            # (int32 ids, causal=True, a sparse adjacency), with their versions: a
+            # change in place is refused there too (an inference tensor has no
+            # version, and cannot be changed outside inference mode).
+            self._sources = tuple(
+                (t, t._version)
+                for t in index_tensors(edge_index)
+                if t is not self._edge_index and not t.is_inference()
+            )
 
     # ------------------------------------------------------------ construction
 
@@ -192,6 +203,7 @@ class AttentionGraph:
         # With the version counter of the edges as given: a later in-place change
         # of the caller's tensor is detected instead of read through a stale CSR.
         self._set_edges(edge_index)
+        self._sources: tuple[tuple[Tensor, int], ...] = ()
         self._cache: dict[Hashable, Any] = {}
         self.num_dst = num_dst
         self.num_src = num_src
@@ -299,6 +311,7 @@ class AttentionGraph:
         graph, and is marked as such.
         """
         check_int(window, "window")
+        check_bool(causal, "causal")
         lengths, dev = resolve_lengths(num_nodes, batch, lengths)
         if lengths and window >= max(lengths) - 1:
             return cls._structured(
@@ -312,6 +325,7 @@ class AttentionGraph:
         cls, batch: Tensor, *, causal: bool = False, num_nodes: int | None = None
     ) -> AttentionGraph:
         """One complete (or causal) graph per sequence of a PyG ``batch`` vector."""
+        check_bool(causal, "causal")
         return (
             cls.causal(num_nodes, batch=batch) if causal else cls.complete(num_nodes, batch=batch)
         )
@@ -443,7 +457,10 @@ class AttentionGraph:
 
     def _check_unchanged(self) -> None:
         ei = self._edge_index
-        if ei is None or torch.compiler.is_compiling() or ei._version == self._edge_version:
+        if torch.compiler.is_compiling() or (
+            (ei is None or ei._version == self._edge_version)
+            and (not self._sources or all(t._version == v for t, v in self._sources))
+        ):
             return
         raise ValueError(
             "Expected the edges of an AttentionGraph unchanged since it was built, got an "
@@ -459,6 +476,7 @@ class AttentionGraph:
         state = dict(self.__dict__)
         state.pop("_lock")
         state["_cache"] = {}
+        state["_sources"] = ()  # the copy's edges are its own
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -637,7 +655,6 @@ class AttentionGraph:
         """
         if self._is_causal:
             return self
-        # The view holds its own pruned edges: a change to these would not reach it.
         self._check_unchanged()
         if self.is_bipartite:
             raise ValueError(
@@ -658,6 +675,10 @@ class AttentionGraph:
                 else:
                     view = AttentionGraph._assembled(n, n, edge_index=self.edge_index)
                     view._prune_causal()
+                    # The view refuses a change in place of the edges it was pruned
+                    # from (and of what they came from), as this graph does.
+                    assert self._edge_index is not None and self._edge_version is not None
+                    view._sources = (*self._sources, (self._edge_index, self._edge_version))
                 if s is not None:
                     view._structure = s.causal()
                     view._detected = True

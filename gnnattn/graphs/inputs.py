@@ -13,7 +13,7 @@ from ..kernels.common import check_index, check_ptr
 from .csr import CSR, segment_ids
 from .validate import check_edge_index, check_edge_index_static
 
-__all__ = ["canonical_device", "from_sparse", "normalize", "own_sizes", "plain"]
+__all__ = ["canonical_device", "from_sparse", "index_tensors", "normalize", "own_sizes", "plain"]
 
 
 def plain(edge_index: Tensor) -> Tensor:
@@ -45,9 +45,14 @@ def normalize(
                 raise ValueError(
                     f"Expected '{name}' equal to the EdgeIndex's sparse_size ({known}), got {given}"
                 )
-        num_nodes = num_nodes if num_nodes is not None else n
-        if num_src is None and m is not None and m != num_nodes:
-            num_src = m  # a rectangular EdgeIndex is a bipartite graph
+        if m is not None and n is not None:
+            num_nodes = num_nodes if num_nodes is not None else n
+            if num_src is None and m != num_nodes:
+                num_src = m  # a rectangular EdgeIndex is a bipartite graph
+        elif num_nodes is None and num_src is None:
+            # One size known: a square graph of that many nodes (ids past it are
+            # refused below), not a bipartite one.
+            num_nodes = m if m is not None else n
     ei = check_edge_index_static(edge_index)
     if torch.compiler.is_compiling():
         if num_nodes is None:
@@ -117,15 +122,29 @@ def from_sparse(
             ei = None
             # torch.sparse does not check its indices by default; the kernels
             # gather by them unchecked, so they are checked here, once.
-            check_ptr(csr.ptr, col.numel(), "edge_index.crow_indices()")
+            check_ptr(csr.ptr, col.numel(), "edge_index.crow_indices()", num_rows=n)
             check_index(col, m, "edge_index.col_indices()")
         else:  # sparse_csc: grouped by column (source)
             cptr, row = adj_t.ccol_indices().long(), adj_t.row_indices().long()
-            check_ptr(cptr, row.numel(), "edge_index.ccol_indices()")  # before expanding it
+            check_ptr(
+                cptr, row.numel(), "edge_index.ccol_indices()", num_rows=m
+            )  # before expanding it
             ei = torch.stack([segment_ids(cptr, row.numel()), row])
     if ei is not None:
         check_edge_index(ei, m, n)
     return ei, n, (m if num_src is not None else None), csr
+
+
+def index_tensors(edge_index: Tensor) -> tuple[Tensor, ...]:
+    """The caller's index tensors behind an accepted edge set (what an in-place change
+    of the edges alters): the ``[2, E]`` tensor, or a sparse adjacency's indices."""
+    if edge_index.layout == torch.sparse_coo:
+        return (edge_index._indices(),)
+    if edge_index.layout == torch.sparse_csr:
+        return (edge_index.crow_indices(), edge_index.col_indices())
+    if edge_index.layout == torch.sparse_csc:
+        return (edge_index.ccol_indices(), edge_index.row_indices())
+    return (plain(edge_index),)
 
 
 def own_sizes(edge_index: Tensor) -> tuple[int, int] | None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..checks import check_int
+from ..checks import check_bool, check_int
 from .builders import resolve_lengths
 from .graph import AttentionGraph
 
@@ -181,6 +181,7 @@ def dilated_window_graph(
     """
     check_int(window, "window")
     check_int(dilation, "dilation", min=1)
+    check_bool(causal, "causal")
     seqs, found = resolve_lengths(num_nodes, batch, lengths)
     dev = _device(device, found)
     pattern = Pattern("dilated_window", seqs, bool(causal), window, dilation)
@@ -313,6 +314,7 @@ def bigbird_graph(
     check_int(num_global, "num_global")
     check_int(num_random_blocks, "num_random_blocks")
     check_int(seed, "seed")
+    check_bool(causal, "causal")
     seqs, found = resolve_lengths(num_nodes, batch, lengths)
     dev = _device(device, found)
     b, w, g, r = block_size, window_blocks, num_global, num_random_blocks

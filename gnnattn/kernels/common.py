@@ -132,8 +132,9 @@ def dropout_keep(dropout: Dropout, num_edges: int, num_heads: int, device: torch
     return bits >= dropout.threshold
 
 
-def check_ptr(ptr: Tensor, num_edges: int, name: str = "ptr") -> None:
-    """Raise unless ``ptr`` is int64 ``[N + 1]``, non-decreasing from 0 to ``num_edges``.
+def check_ptr(ptr: Tensor, num_edges: int, name: str = "ptr", num_rows: int | None = None) -> None:
+    """Raise unless ``ptr`` is int64 ``[N + 1]`` (``N = num_rows`` when given),
+    non-decreasing from 0 to ``num_edges``.
 
     Reads every pointer (one host synchronisation on a GPU): called when a
     graph's plan is made, not per call.
@@ -144,6 +145,13 @@ def check_ptr(ptr: Tensor, num_edges: int, name: str = "ptr") -> None:
         raise TypeError(f"Expected '{name}' int64, got {ptr.dtype}")
     if ptr.dim() != 1 or ptr.numel() < 1:
         raise ValueError(f"Expected '{name}' of shape [N + 1], got {list(ptr.shape)}")
+    if num_rows is not None and ptr.numel() != num_rows + 1:
+        # A pointer array of another length than the rows would have the kernels
+        # read past its end (or skip rows).
+        raise ValueError(
+            f"Expected '{name}' of shape [{num_rows + 1}] (one more than the "
+            f"{num_rows} rows), got {list(ptr.shape)}"
+        )
     first, last = int(ptr[0]), int(ptr[-1])
     ok = first == 0 and last == num_edges
     if ok and ptr.numel() > 1:

@@ -276,8 +276,7 @@ class TransformerConv(MessagePassing):
             backend=backend,
             need_weights=need_weights,
         )
-        out, alpha = (res.out, res.weights) if isinstance(res, AttentionOutput) else (res, None)
-        return out, alpha
+        return (res.out, res.weights) if isinstance(res, AttentionOutput) else (res, None)
 
     def _propagate(
         self, q: Tensor, k: Tensor, v: Tensor, graph: AnyGraph, edge_attr: Tensor | None
