@@ -179,7 +179,7 @@ class AttentionGraph:
             # (int32 ids, causal=True, a sparse adjacency), with their versions: a
             # change in place is refused there too (an inference tensor has no
             # version, and cannot be changed outside inference mode).
-            self._sources = tuple(
+            self._sources: tuple[tuple[Tensor, int], ...] = tuple(
                 (t, t._version)
                 for t in index_tensors(edge_index)
                 if t is not self._edge_index and not t.is_inference()
@@ -203,7 +203,7 @@ class AttentionGraph:
         # With the version counter of the edges as given: a later in-place change
         # of the caller's tensor is detected instead of read through a stale CSR.
         self._set_edges(edge_index)
-        self._sources: tuple[tuple[Tensor, int], ...] = ()
+        self._sources = ()
         self._cache: dict[Hashable, Any] = {}
         self.num_dst = num_dst
         self.num_src = num_src
