@@ -228,3 +228,20 @@ def test_weights_on_edges_equal_mps_with_their_gradient(causal):
         grads.append((res.weights.detach(), qq.grad))
     torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(grads[1][1], grads[0][1], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("lengths", [[6], [3, 3], [5, 3, 1]])
+@pytest.mark.parametrize("scale", [0.0, -1.0])
+def test_causal_blocks_with_a_scale_of_zero_or_less_equal_mp(lengths, scale):
+    # torch's SDPA with is_causal gave NaN rows for these scales (finite inputs):
+    # "auto" took it on every causal graph.
+    g = AttentionGraph.causal(lengths=lengths)
+    n = sum(lengths)
+    q, k, v = (torch.randn(n, H, C, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    got = attention(q, k, v, g, scale=scale, backend="sdpa")
+    ref = attention(q, k, v, g, scale=scale, backend="mp")
+    torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-10)
+    grads = torch.autograd.grad(got.square().sum(), (q, k, v))
+    refs = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    for a, b in zip(grads, refs, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)

@@ -546,3 +546,17 @@ def test_banded_chunks_read_strided_views_without_a_gradient(graph, bias, monkey
         want = attention(x["q"], x["k"], x["v"], graph, backend="mp", **kw)
     assert views
     torch.testing.assert_close(got, want, **TOL)
+
+
+def test_values_of_width_zero_have_gradients():
+    # The backward inferred a [-1, Cv] shape from zero elements (RuntimeError).
+    g = AttentionGraph.causal(4)
+    q, k = (torch.randn(4, 2, 3, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    v = torch.randn(4, 2, 0, dtype=torch.float64, requires_grad=True)
+
+    def grads(backend):
+        out = attention(q, k, v, g, backend=backend, return_lse=True)
+        assert out.backend == backend and out.out.shape == (4, 2, 0)
+        return torch.autograd.grad(out.out.sum() + out.lse.sum(), (q, k, v))
+
+    torch.testing.assert_close(grads("tiles"), grads("mp"), atol=1e-10, rtol=1e-10)

@@ -213,7 +213,8 @@ def _backward(
         if ft is not None:
             fe = ft.index_select(1, ch.edge)  # (H, E_c)
             pe = _scale_edges(flat, ch, fe)  # the kept weights, for dV
-        dv.index_add_(0, cols, torch.bmm(p.transpose(1, 2), dow).view(-1, cv))
+        # cols.numel() rows, not -1: values of width 0 leave nothing to infer it from.
+        dv.index_add_(0, cols, torch.bmm(p.transpose(1, 2), dow).view(cols.numel(), cv))
         if pe is not None:
             flat.index_copy_(1, ch.slot, pe)  # back to the weights
         dp = torch.bmm(dow, _gather(vt, ch.cols, w).transpose(1, 2))  # (H * n, R, K)
@@ -231,7 +232,7 @@ def _backward(
         if dbias_t is not None:
             dbias_t.index_copy_(1, ch.edge, ds.view(h, -1).index_select(1, ch.slot))
         dqs.append(torch.bmm(ds, kw).view(h, w * r, c))
-        dk.index_add_(0, cols, torch.bmm(ds.transpose(1, 2), qw).view(-1, c))
+        dk.index_add_(0, cols, torch.bmm(ds.transpose(1, 2), qw).view(cols.numel(), c))
     dqs.append(q.new_zeros(h, 1, c))
     dq = torch.cat(dqs, 1).index_select(1, plan.take).transpose(0, 1).mul_(scale)  # (N, H, C)
     dbias = dbias_t.t() if dbias_t is not None else None

@@ -266,6 +266,11 @@ def sdpa_attention(
         # backends' outputs are: a backward through it must not find no grad_fn.
         out = v[:0] + (q.sum() + k.sum()).to(v.dtype) * 0  # (0, H, Cv)
         return out, (q.new_zeros(0, h) if need_weights else None)
+    if s.kind == "causal" and scale <= 0:
+        # torch's SDPA with is_causal gives NaN rows for a scale <= 0 (its causal
+        # mask is applied to the scaled scores, torch 2.13 on the CPU); scaled in q
+        # instead, the kernel's own scale is 1.
+        q, scale = q * scale, 1.0
     if not s.uniform and _block_kernel(q, v, graph, dropout_p):
         out = block_attention(q, k, v, graph.block_starts(), scale)
         weights = _gather_weights(q, k, graph, scale) if need_weights else None
