@@ -252,3 +252,13 @@ def test_the_reason_names_what_ruled_out_sdpa_on_a_structured_graph() -> None:
     assert backend_for(q, AttentionGraph.causal(8)).reason.startswith("causal graph: ")
     sparse = AttentionGraph(torch.tensor([[0, 1, 2], [1, 2, 0]]), 3)
     assert backend_for(q[:3], sparse, edge_attr=True).reason.startswith("sparse graph: ")
+
+
+def test_backend_for_takes_a_graph_object_as_attention_does():
+    # A plain edge_index gave an AttributeError ('is_bipartite') here.
+    q, ei = torch.randn(3, 1, 2), torch.tensor([[0, 1], [1, 2]])
+    want = "'graph' to be an AttentionGraph, got Tensor"
+    with pytest.raises(TypeError, match=want):
+        gnnattn.backend_for(q, ei)
+    with pytest.raises(TypeError, match=want):
+        gnnattn.attention(q, q, q, ei)

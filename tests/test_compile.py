@@ -363,3 +363,56 @@ def test_export_and_aot_inductor_package_round_trip(tmp_path) -> None:
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert float(run.stdout.strip().splitlines()[-1]) < 1e-5
+
+
+def test_a_prepared_graph_takes_the_tiles_compiled_as_eager() -> None:
+    """prepare() makes the tile plan where the tiles pay: a compiled call takes them
+    (fullgraph) as an eager one does. With only the fill estimated (backend_for), a
+    compiled call made the plan from the edges' values and failed with fullgraph;
+    it now keeps the CSR kernel."""
+    from gnnattn.graphs import sliding_window_graph
+
+    torch.manual_seed(0)
+    layer = SelfAttentionConv(16, 2)
+    x = torch.randn(256, 16)
+    compiles: list[torch.fx.GraphModule] = []
+
+    def counting(gm: torch.fx.GraphModule, example: Any) -> Callable[..., Any]:
+        compiles.append(gm)
+        return gm.forward
+
+    def fused_op_in_last_graph() -> bool:
+        return any("attention_fwd" in str(n.target) for n in compiles[-1].graph.nodes)
+
+    compiled = torch.compile(lambda x, g: layer(x, g), backend=counting, fullgraph=True)
+    estimated = AttentionGraph(sliding_window_graph(256, window=32))
+    assert layer.backend_for(x, estimated).backend == "tiles"  # the estimate only
+    torch.testing.assert_close(compiled(x, estimated), layer(x, estimated), atol=1e-5, rtol=1e-5)
+    assert fused_op_in_last_graph()
+    prepared = AttentionGraph(sliding_window_graph(256, window=32)).prepare()
+    torch.testing.assert_close(compiled(x, prepared), layer(x, prepared), atol=1e-5, rtol=1e-5)
+    assert not fused_op_in_last_graph()
+
+
+def test_the_operator_on_tiles_compiles_with_graph_inputs() -> None:
+    """attention() itself, compiled with q, k, v as graph inputs on a graph whose tiles
+    read strided views of them (inputs without a gradient): storage_offset() of an
+    input was not traceable. With gradients (no views) too."""
+    from gnnattn import attention
+    from gnnattn.graphs import sliding_window_graph
+
+    graph = AttentionGraph(sliding_window_graph(256, window=32)).prepare()
+    q, k, v = (torch.randn(256, 2, 8, dtype=torch.float64) for _ in range(3))
+    assert attention(q, k, v, graph, return_lse=True).backend == "tiles"
+    compiled = torch.compile(
+        lambda q, k, v: attention(q, k, v, graph), backend="aot_eager", fullgraph=True
+    )
+    torch.testing.assert_close(compiled(q, k, v), attention(q, k, v, graph), atol=1e-10, rtol=1e-10)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    got, want = compiled(q, k, v), attention(q, k, v, graph)
+    for a, b in zip(
+        torch.autograd.grad(got.square().sum(), (q, k, v)),
+        torch.autograd.grad(want.square().sum(), (q, k, v)),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)

@@ -130,6 +130,39 @@ def test_reorder_of_an_empty_graph_is_empty(method):
     assert perm.shape == inv.shape == (0,)
 
 
+@pytest.mark.parametrize("method", ["rcm", "hilbert"])
+def test_reorder_of_one_node(method):
+    # scipy's one-element order is a reversed view that torch refused.
+    pos = torch.zeros(1, 2) if method == "hilbert" else None
+    perm, inv = reorder(torch.tensor([[0], [0]]), method=method, pos=pos)
+    assert perm.tolist() == inv.tolist() == [0]
+
+
+@pytest.mark.parametrize("method", ["rcm", "hilbert"])
+def test_reorder_of_a_batch_keeps_its_graphs_in_order(method):
+    # RCM put the graphs in reverse order and a curve interleaved them: the result
+    # was no longer a PyG batch (from_batch and GPSConv refuse an unsorted one).
+    batch = torch.tensor([0] * 4 + [1] * 3 + [2] * 5)
+    ei = AttentionGraph.window(batch=batch, window=1).edge_index
+    pos = torch.randn(12, 3, generator=torch.Generator().manual_seed(0))
+    order = reorder(ei, 12, method=method, pos=pos if method == "hilbert" else None, batch=batch)
+    assert batch[order.perm].tolist() == batch.tolist()
+    # Within each graph, the method's order of the whole batch.
+    plain = reorder(ei, 12, method=method, pos=pos if method == "hilbert" else None).perm
+    assert order.perm.tolist() == [int(p) for g in range(3) for p in plain if batch[p] == g]
+    with pytest.raises(ValueError, match="'batch'"):
+        reorder(ei, 12, batch=batch[:-1])
+
+
+def test_reordering_takes_one_row_per_node():
+    order = reorder(sliding_window_graph(4, window=1))
+    for bad in (torch.randn(6, 2), torch.randn(3)):
+        with pytest.raises(ValueError, match="'x' with 4 rows"):
+            order.apply(bad)
+        with pytest.raises(ValueError, match="'y' with 4 rows"):
+            order.restore(bad)
+
+
 def lattice(side: int, dims: int) -> torch.Tensor:
     """The integer points of a ``side ** dims`` grid, ``[side ** dims, dims]``, row-major."""
     axes = torch.meshgrid(*[torch.arange(side)] * dims, indexing="ij")

@@ -411,8 +411,9 @@ class AttentionGraph:
 
     def prepare(self, backward: bool = True) -> AttentionGraph:
         """Make what a call reads (the structure, a batch's :meth:`block_starts`, the
-        CSR, with ``backward`` the transposed CSR, and the kernels' plans) now rather
-        than on first use; returns the graph.
+        CSR, with ``backward`` the transposed CSR, the kernels' plans and, on the CPU
+        where the tiles pay, the tile plan) now rather than on first use; returns
+        the graph.
 
         Before ``torch.compile`` or ``torch.export``: the compiled call then
         finds them, instead of planning inside every call.
@@ -428,6 +429,13 @@ class AttentionGraph:
         self.kernel_plan("csr")
         if backward:
             self.kernel_plan("csc")
+        from .blocks import TILES_MIN_EDGES, TILES_MIN_FILL, block_plan, fill_estimate
+
+        # What "auto" reads to take the tiles (on the CPU only): a compiled call must
+        # find the fill, and the plan, which it cannot make (it reads the edges).
+        if self._device.type == "cpu" and self.num_edges >= TILES_MIN_EDGES:
+            if fill_estimate(self) >= TILES_MIN_FILL:
+                block_plan(self)
         return self
 
     def block_starts(self) -> Tensor:

@@ -50,6 +50,7 @@ from torch import Tensor
 
 from ..checks import check_int, check_tensor
 from .graph import AttentionGraph
+from .validate import check_batch
 
 __all__ = ["CURVES", "METHODS", "Reordering", "permute", "reorder", "tile_fill"]
 
@@ -90,11 +91,24 @@ class Reordering(NamedTuple):
 
     def apply(self, x: Tensor) -> Tensor:
         """``x[perm]`` (rows in the new order), with a gather as its backward."""
+        self._check_rows(x, "x")
         return _Rows.apply(x, self.perm.to(x.device), self.inv.to(x.device))
 
     def restore(self, y: Tensor) -> Tensor:
         """``y[inv]`` (rows back in the original order), with a gather as its backward."""
+        self._check_rows(y, "y")
         return _Rows.apply(y, self.inv.to(y.device), self.perm.to(y.device))
+
+    def _check_rows(self, t: Tensor, name: str) -> None:
+        # One row per node: a longer tensor (virtual nodes' rows appended) would lose
+        # its extra rows silently.
+        check_tensor(t, name)
+        n = self.perm.numel()
+        if t.dim() < 1 or t.shape[0] != n:
+            raise ValueError(
+                f"Expected '{name}' with {n} rows (one per node of the order), got shape "
+                f"{list(t.shape)}"
+            )
 
 
 def _square(graph: AttentionGraph | Tensor, num_nodes: int | None, what: str) -> AttentionGraph:
@@ -118,6 +132,7 @@ def reorder(
     method: str | None = None,
     pos: Tensor | None = None,
     block: int = 64,
+    batch: Tensor | None = None,
 ) -> Reordering:
     """An order of the nodes that puts neighbours next to each other.
 
@@ -147,6 +162,10 @@ def reorder(
             for the curves. (default: :obj:`None`)
         block (int, optional): nodes per METIS part (the tile kernels' row
             window). (default: ``64``)
+        batch (Tensor, optional): ``[N]`` sorted graph id of every node (a PyG
+            ``Batch``'s): each graph's nodes stay together and the graphs in their
+            order (the method's order within each), so the reordered batch is still
+            a batch. (default: :obj:`None`)
 
     Returns:
         :class:`Reordering` ``(perm, inv)``, int64 on the CPU.
@@ -170,6 +189,7 @@ def reorder(
     check_int(block, "block", min=1)
     g = _square(graph, num_nodes, "reorder")
     n = g.num_nodes
+    graph_of = check_batch(batch, n).cpu().numpy() if batch is not None else None
     if method in CURVES:
         if pos is None:
             raise ValueError(
@@ -188,9 +208,13 @@ def reorder(
             order = np.empty(0, np.int64)  # scipy's orderings fail on an empty matrix
         else:
             order = _rcm(adj) if method == "rcm" else _metis(adj, block)
+    if graph_of is not None:
+        # Stable: within a graph, the method's order is kept.
+        order = np.asarray(order)[np.argsort(graph_of[order], kind="stable")]
     # Normal tensors even under inference_mode: the order may serve training.
     with torch.inference_mode(False):
-        perm = torch.from_numpy(np.ascontiguousarray(order, dtype=np.int64))
+        # A copy: scipy's orders are reversed views, which torch cannot take.
+        perm = torch.from_numpy(np.array(order, dtype=np.int64))
         inv = torch.empty_like(perm)
         inv[perm] = torch.arange(n)
     return Reordering(perm, inv)

@@ -416,7 +416,9 @@ def _band_views(q: Tensor, k: Tensor, v: Tensor, ch: TileChunk) -> tuple[Tensor,
             # (read only by dropped rows and fully masked columns).
             t = torch.cat([t, t.new_zeros(past, h, c)])
         size, stride = (n, h, width, c), (step * h * c, c, h * c, 1)
-        return t.as_strided(size, stride, t.storage_offset() + first * h * c)
+        # From a slice, whose storage offset as_strided keeps: no storage_offset()
+        # read, which torch.compile cannot trace on a graph input.
+        return t.reshape(-1)[first * h * c :].as_strided(size, stride)
 
     return view(q, row0, row_step, r), view(k, col0, col_step, kk), view(v, col0, col_step, kk)
 

@@ -42,7 +42,7 @@ import torch
 
 from ..checks import check_choice
 from ..graphs import AttentionGraph
-from ..graphs.blocks import default_block, fill_estimate
+from ..graphs.blocks import TILES_MIN_EDGES, TILES_MIN_FILL, default_block, fill_estimate
 from ..kernels import COMPILED
 from .sdpa import compiled_blocks
 
@@ -55,6 +55,7 @@ __all__ = [
     "Declaration",
     "backend_for",
     "check_backend",
+    "check_graph",
 ]
 
 BACKENDS = ("auto", "mp", "sdpa", "fused", "tiles")
@@ -62,18 +63,6 @@ BACKENDS = ("auto", "mp", "sdpa", "fused", "tiles")
 # Above this many edges the message-passing path's |E| x C tensors cost
 # gigabytes and seconds: "auto" says so when it has to take it.
 _WARN_EDGES = 1_000_000
-
-#: ``"auto"`` takes the tiles for a plan that fills at least this much of its tiles.
-#: Measured on the CPU (one thread, float32, banded graphs of 8192 nodes and the
-#: sliding window of 4096): against the fused CSR kernel the tiles take 2.4x
-#: the forward's time at fill 0.2, 1.1-1.4x at 0.32, 0.93-0.97x at 0.44 and 0.5x
-#: at 0.79 (head widths 32 and 64); forward+backward, 1.2x at 0.2, 0.6-1.2x at
-#: 0.32, 0.4-0.7x at 0.44 and 0.33x at 0.79.
-TILES_MIN_FILL = 0.4
-
-#: ... and has at least this many edges (below, a tile call's dozen torch
-#: operations cost more than the fused kernel's one pass).
-TILES_MIN_EDGES = 4096
 
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
@@ -136,6 +125,16 @@ def check_backend(backend: str) -> str:
     return backend
 
 
+def check_graph(graph: object) -> None:
+    """Raise unless ``graph`` is an :class:`~gnnattn.AttentionGraph` (what the operator
+    and :func:`backend_for` take; the layers wrap a plain ``edge_index`` themselves)."""
+    if not isinstance(graph, AttentionGraph):
+        raise TypeError(
+            f"Expected 'graph' to be an AttentionGraph, got {type(graph).__name__} "
+            f"(build one once: AttentionGraph(edge_index))"
+        )
+
+
 def _refusal(
     name: str, graph: AttentionGraph, options: frozenset[str], dtype: torch.dtype
 ) -> str | None:
@@ -172,9 +171,10 @@ def backend_for(
 ) -> BackendChoice:
     """The backend :func:`gnnattn.attention` takes for these arguments, and why.
 
-    Reads the declarations of :data:`DECLARATIONS`, the graph's structure and
-    the device of ``q``; the same inside ``torch.compile`` as outside. It reads
-    no tensor values: where it says ``"sdpa"`` or ``"tiles"``, a call whose
+    Reads the declarations of :data:`DECLARATIONS`, the graph's structure (and,
+    on the CPU, its tile fill: both made from the edges once per graph, and only
+    read inside ``torch.compile``) and the device of ``q``. It reads no value of
+    ``q``, ``k`` or ``v``: where it says ``"sdpa"`` or ``"tiles"``, a call whose
     ``q``, ``k`` or ``v`` is not finite (or whose scores may overflow) runs
     ``"fused"``, which keeps the non-finite rules (an explicit ``"sdpa"``
     raises instead); the result's ``backend`` says what ran.
@@ -195,6 +195,7 @@ def backend_for(
         ValueError: an explicit backend that cannot compute the call.
     """
     check_backend(backend)
+    check_graph(graph)
     if dropout_p >= 1.0:
         dropout_p = 0.0  # as attention() runs it: without dropout, its output zeroed
     options = frozenset(
@@ -251,19 +252,21 @@ def _tiles_pay(q: torch.Tensor, graph: AttentionGraph) -> BackendChoice | None:
     there (on CUDA the Triton CSR kernel stays until a tile kernel is measured
     against it). The fill is :func:`~gnnattn.graphs.blocks.fill_estimate`'s
     (one pass over the edges, once per graph, kept by it); inside
-    ``torch.compile`` only an estimate made before is read.
+    ``torch.compile`` only a tile plan made before is read
+    (:meth:`~gnnattn.AttentionGraph.prepare`, or an eager call).
     """
     if q.device.type != "cpu":
         return None
     block = default_block(q.device)
     if torch.compiler.is_compiling():
-        # Only what an eager call made (reading the edges, or comparing their
-        # number, would guard a traced size: torch.export's dynamic edges).
+        # Only a plan made outside (reading the edges, or comparing their number,
+        # would guard a traced size: torch.export's dynamic edges; an estimate
+        # alone would have the plan made here, from the edges' values).
         plan = graph.peek(("tiles", block))
-        fill = plan.fill if plan is not None else graph.peek(("tiles fill", block))
         e = graph.num_edges
-        if fill is None or (isinstance(e, int) and e < TILES_MIN_EDGES):
+        if plan is None or (isinstance(e, int) and e < TILES_MIN_EDGES):
             return None
+        fill = plan.fill
     elif graph.num_edges < TILES_MIN_EDGES:
         return None
     else:

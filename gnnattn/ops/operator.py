@@ -32,7 +32,7 @@ from ..graphs import AttentionGraph, segment_ids
 from ..kernels.common import acc_dtype
 from ..kernels.library import draw_key
 from .args import AttentionArgs
-from .choice import backend_for
+from .choice import backend_for, check_graph
 from .fused import fused_attention
 from .mp import mp_attention
 from .sdpa import sdpa_attention
@@ -86,11 +86,7 @@ def _check(
             f"Expected 'q' [N, H, C], 'k' [M, H, C] and 'v' [M, H, Cv], got "
             f"{list(q.shape)}, {list(k.shape)} and {list(v.shape)}"
         )
-    if not isinstance(graph, AttentionGraph):
-        raise TypeError(
-            f"Expected 'graph' to be an AttentionGraph, got {type(graph).__name__} "
-            f"(build one once: AttentionGraph(edge_index))"
-        )
+    check_graph(graph)
     graph.check_nodes(k.shape[0], q.shape[0], q.device)
     if score_bias is not None:
         shape = (graph.num_edges, q.shape[1])
