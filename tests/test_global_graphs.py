@@ -394,3 +394,14 @@ def test_a_virtual_node_costs_what_its_edges_cost() -> None:
         t_flat = min(t_flat, _fwd_bwd_seconds(flat))
     ratio = (t_hub / hub.num_edges) / (t_flat / flat.num_edges)
     assert ratio < 3.0, f"time per edge with a hub {ratio:.2f}x that without"
+
+
+def test_composed_graph_edge_kinds_are_codes_of_edge_kinds():
+    # Codes outside EDGE_KINDS (or floats) were taken and failed later in kind_counts.
+    ei = torch.tensor([[0, 1, 2], [1, 2, 3]])
+    for kind, error, match in (
+        (torch.tensor([0, 1, 9]), ValueError, r"codes in \[0, 5\) .* from 0 to 9"),
+        (torch.tensor([0.0, 1.0, 1.0]), TypeError, "integer dtype, got torch.float32"),
+    ):
+        with pytest.raises(error, match=match):
+            ComposedGraph(ei, GraphComposition(4, 0, 0, 1, 0, None, kind))

@@ -306,3 +306,35 @@ def test_many_edges_are_cut_with_a_note():
     assert "480 of 1600 edges shown" in note and "top 12 per target (max_edges=500)" in note
     full = viz.draw_attention(ei, alpha, max_edges=2000, edge_labels=False)
     assert "1600 of 1600" in full.get_legend().get_title().get_text()
+
+
+def test_cross_attention_weights_as_a_rectangular_matrix():
+    # Bipartite weights read as one set of nodes gave [H, 5, 5] with rows for
+    # targets that do not exist.
+    layer = SelfAttentionConv(8, num_heads=2)
+    xs, xd = torch.randn(5, 8), torch.randn(2, 8)
+    out, (ei, alpha) = layer((xs, xd), return_attention_weights=True)
+    m = viz.attention_matrix(ei, alpha, num_src=5)
+    assert m.shape == (2, 2, 5)
+    torch.testing.assert_close(m.sum(-1), torch.ones(2, 2))
+    torch.testing.assert_close(m[:, ei[1], ei[0]].t(), alpha.detach())  # [h, i, j] = alpha_ij
+    with pytest.raises(ValueError, match="below the number of nodes 1"):
+        viz.attention_matrix(ei, alpha, 1, num_src=5)
+    with pytest.raises(ValueError, match="source ids"):
+        viz.attention_matrix(ei, alpha, num_src=4)
+
+
+def test_conversion_inputs_are_checked():
+    ei = causal_graph(3)
+    with pytest.raises(TypeError, match="'weights' of a floating dtype, got torch.bool"):
+        viz.top_k_per_target(ei, torch.ones(6, dtype=torch.bool), 1)
+    with pytest.raises(ValueError, match="at least one head"):
+        viz.top_k_per_target(ei, torch.ones(6, 0), 1)
+    with pytest.raises(TypeError, match=r"'edge_index' \(layer 0\) to be a Tensor, got list"):
+        viz.to_bertviz([(ei.tolist(), torch.ones(6))])
+    with pytest.raises(ValueError, match="node ids >= 0, got -1"):
+        viz.neighbourhood(torch.tensor([[-1], [0]]), 0, num_nodes=3)
+    with pytest.raises(ValueError, match="below the number of nodes 3"):
+        viz.neighbourhood(torch.tensor([[4], [0]]), 0, num_nodes=3)
+    with pytest.raises(TypeError, match="'num_nodes'"):
+        viz.neighbourhood(ei, 0, num_nodes=3.0)

@@ -165,10 +165,20 @@ class ComposedGraph(AttentionGraph):
                 f"Expected 'composition' to be a GraphComposition, got {type(composition).__name__}"
             )
         super().__init__(edge_index, composition.num_nodes)
-        if composition.edge_kind.shape != (self.num_edges,):
+        kind = composition.edge_kind
+        if kind.shape != (self.num_edges,):
             raise ValueError(
                 f"Expected 'composition.edge_kind' of shape [{self.num_edges}] (one kind per "
-                f"edge), got {list(composition.edge_kind.shape)}"
+                f"edge), got {list(kind.shape)}"
+            )
+        if kind.dtype.is_floating_point or kind.dtype.is_complex or kind.dtype == torch.bool:
+            raise TypeError(
+                f"Expected 'composition.edge_kind' of an integer dtype, got {kind.dtype}"
+            )
+        if kind.numel() and not bool(((kind >= 0) & (kind < len(EDGE_KINDS))).all()):
+            raise ValueError(
+                f"Expected 'composition.edge_kind' codes in [0, {len(EDGE_KINDS)}) (indices of "
+                f"EDGE_KINDS), got values from {int(kind.min())} to {int(kind.max())}"
             )
         self.composition = composition
 

@@ -5,10 +5,16 @@ draws. The inputs are what the layers return with
 ``return_attention_weights=True``: ``edge_index`` ``[2, E]`` (``edge_index[0]``
 the source :math:`j`, ``edge_index[1]`` the target :math:`i`) and ``alpha``
 ``[E, H]`` (or ``[E]`` for one head). Values are kept exactly as given.
+
+The nodes are one set, as in self-attention: source :math:`j` and target
+:math:`j` are the same node. Cross-attention's weights (a layer called on a pair
+``(x_src, x_dst)``) relate two sets; take them as a rectangular matrix with
+``attention_matrix(edge_index, alpha, N_dst, num_src=M)``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import networkx as nx
@@ -183,7 +189,9 @@ def attention_graph(
     return g
 
 
-def attention_matrix(edge_index: Tensor, alpha: Tensor, num_nodes: int | None = None) -> Tensor:
+def attention_matrix(
+    edge_index: Tensor, alpha: Tensor, num_nodes: int | None = None, *, num_src: int | None = None
+) -> Tensor:
     r"""The dense ``[H, N, N]`` attention matrices: entry ``[h, i, j]`` is :math:`\alpha_{ij}^h`.
 
     Row :math:`i` is target :math:`i` (the query), column :math:`j` the source
@@ -194,18 +202,33 @@ def attention_matrix(edge_index: Tensor, alpha: Tensor, num_nodes: int | None = 
         edge_index (Tensor): ``[2, E]``.
         alpha (Tensor): ``[E, H]`` or ``[E]``.
         num_nodes (int, optional): :math:`N`. (default: :obj:`None`, ``edge_index.max() + 1``)
+        num_src (int, optional): the sources :math:`M` of cross-attention's weights
+            (a bipartite graph): the matrices are then ``[H, N, M]``, ``N`` from
+            the targets (``edge_index[1]``) when ``num_nodes`` is not given.
+            (default: :obj:`None`, self-attention)
 
     Shapes:
-        - **output:** ``[H, N, N]``, dtype of ``alpha``.
+        - **output:** ``[H, N, N]`` (``[H, N, M]`` with ``num_src``), dtype of ``alpha``.
 
     Example:
         >>> attention_matrix(causal_graph(2), torch.tensor([1.0, 0.25, 0.75]))
         tensor([[[1.0000, 0.0000],
                  [0.2500, 0.7500]]])
     """
-    edge_index, alpha, n = check_attention(edge_index, alpha, num_nodes)
+    if num_src is None:
+        edge_index, alpha, n = check_attention(edge_index, alpha, num_nodes)
+        m = n
+    else:
+        check_int(num_src, "num_src")
+        if num_nodes is None and isinstance(edge_index, Tensor) and edge_index.dim() == 2:
+            targets = edge_index[-1]
+            num_nodes = int(targets.max()) + 1 if targets.numel() else 0
+        # Checked as one set of max(N, M) nodes, then each row against its own set.
+        edge_index, alpha, _ = check_attention(edge_index, alpha, max(num_nodes or 0, num_src))
+        check_edge_index(edge_index, num_src, num_nodes)
+        n, m = int(num_nodes or 0), num_src
     h = alpha.shape[1]
-    out = alpha.new_zeros(h, n, n)
+    out = alpha.new_zeros(h, n, m)
     heads = torch.arange(h, device=alpha.device).view(h, 1).expand(h, edge_index.shape[1])
     dst = edge_index[1].to(alpha.device).expand(h, -1)
     src = edge_index[0].to(alpha.device).expand(h, -1)
@@ -273,13 +296,14 @@ def to_bertviz(
             f"Expected 'attentions' to be a list of (edge_index, alpha), got "
             f"{type(attentions).__name__}"
         )
-    for pair in attentions:
+    for layer, pair in enumerate(attentions):
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
             # A lone (edge_index, alpha) is a tuple too: its items are tensors.
             raise TypeError(
                 f"Expected 'attentions' to be a list of (edge_index, alpha) pairs (one per "
                 f"layer; wrap a single pair in a list), got an item of type {type(pair).__name__}"
             )
+        check_attention(pair[0], pair[1], where=f" (layer {layer})")  # before reading ids
     if num_nodes is None:
         sizes = [int(ei.max()) + 1 for ei, _ in attentions if ei.numel()]
         num_nodes = max(sizes, default=0)
@@ -317,6 +341,13 @@ def top_k_per_target(edge_index: Tensor, weights: Tensor, k: int) -> Tensor:
         raise ValueError(
             f"Expected 'weights' of shape [E] or [E, H] with E={edge_index.shape[1]}, "
             f"got {list(getattr(weights, 'shape', []))}"
+        )
+    if not weights.is_floating_point():
+        raise TypeError(f"Expected 'weights' of a floating dtype, got {weights.dtype}")
+    if weights.dim() > 1 and math.prod(weights.shape[1:]) == 0:
+        raise ValueError(
+            f"Expected 'weights' to hold at least one head ([E, H] with H >= 1), got "
+            f"{list(weights.shape)}"
         )
     check_int(k, "k", min=1)
     if edge_index.shape[1] == 0:

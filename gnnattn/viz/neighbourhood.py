@@ -22,6 +22,7 @@ from torch import Tensor
 from torch_geometric.utils import k_hop_subgraph
 
 from ..checks import check_int
+from ..graphs import check_edge_index, check_edge_index_static
 
 __all__ = ["Neighbourhood", "neighbourhood"]
 
@@ -95,7 +96,10 @@ def neighbourhood(
         >>> sub.tolist(), alpha.tolist()
         ([[0, 1], [1, 2]], [0.20000000298023224, 0.30000001192092896])
     """
-    n = int(edge_index.max()) + 1 if num_nodes is None and edge_index.numel() else num_nodes or 0
+    check_int(num_nodes, "num_nodes", optional=True)
+    ei = check_edge_index_static(edge_index)
+    n = int(ei.max()) + 1 if num_nodes is None and ei.numel() else num_nodes or 0
+    check_edge_index(ei, n, n)  # a negative or too large id would be read as a node
     check_int(hops, "hops", min=1)
     if isinstance(around, bool) or not isinstance(around, int):
         raise TypeError(f"Expected 'around' to be an int (a node id), got {type(around).__name__}")
@@ -103,7 +107,7 @@ def neighbourhood(
         raise ValueError(f"Expected 'around' to be a node id in [0, {n}), got {around}")
     # source_to_target: the nodes whose messages flow into `around`.
     subset, _, _, _ = k_hop_subgraph(
-        around, hops, edge_index.long().cpu(), num_nodes=n, flow="source_to_target"
+        around, hops, ei.long().cpu(), num_nodes=n, flow="source_to_target"
     )
     nodes = torch.sort(subset).values
     centre = int(torch.searchsorted(nodes, torch.tensor(around)))
