@@ -416,3 +416,29 @@ def test_the_operator_on_tiles_compiles_with_graph_inputs() -> None:
         strict=True,
     ):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_jit_trace_refuses_to_build_a_graph_and_traces_a_built_one() -> None:
+    """Under torch.jit.trace a layer's graph from the call failed deep inside (a node
+    count traced as a tensor; numba typing a traced batch); it is refused by name. A
+    module holding a built graph traces, for that graph."""
+    torch.manual_seed(0)
+    conv = TransformerConv(8, 4, heads=2)
+    ei, x = torch.tensor([[0, 1, 2], [1, 2, 0]]), torch.randn(3, 8)
+    with pytest.raises(RuntimeError, match="cannot build their graph under torch.jit.trace"):
+        torch.jit.trace(conv, (x, ei), check_trace=False)
+    gps = GPSConv(8, None, heads=2)
+    with pytest.raises(RuntimeError, match="cannot build their graph under torch.jit.trace"):
+        torch.jit.trace(gps, (x, ei), check_trace=False)
+
+    class Held(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.graph = conv, AttentionGraph(ei, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(x, self.graph)
+
+    held = Held()
+    traced = torch.jit.trace(held, (x,), check_trace=False)
+    torch.testing.assert_close(traced(2 * x), held(2 * x))

@@ -39,7 +39,7 @@ from .global_graphs import (
 from .graph import AttentionGraph
 from .patterns import PATTERN_KEY, Pattern, bigbird_graph, dilated_window_graph, pattern_of
 from .reorder import Reordering, permute, reorder, tile_fill
-from .resolve import GraphLike, as_graph
+from .resolve import GraphLike, as_graph, refuse_jit_trace
 from .structure import KINDS, Structure, detect_structure
 from .validate import check_batch, check_edge_index, check_edge_index_static
 
@@ -73,6 +73,7 @@ __all__ = [
     "mask_to_edge_index",
     "pattern_of",
     "permute",
+    "refuse_jit_trace",
     "reorder",
     "segment_ids",
     "sequence_lengths",

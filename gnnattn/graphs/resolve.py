@@ -17,10 +17,22 @@ from .graph import AttentionGraph
 from .inputs import own_sizes
 from .validate import check_batch, check_edge_index_static
 
-__all__ = ["GraphLike", "as_graph"]
+__all__ = ["GraphLike", "as_graph", "refuse_jit_trace"]
 
 #: What layers accept as a graph.
 GraphLike = AttentionGraph | Tensor
+
+
+def refuse_jit_trace() -> None:
+    """Raise under ``torch.jit.trace`` where a layer would build its graph from the call:
+    the node count is traced as a tensor, and the graph's checks and layouts would be
+    recorded as constants of the traced sizes (a trace that silently fits one graph)."""
+    if torch.jit.is_tracing():
+        raise RuntimeError(
+            "gnnattn's attention layers cannot build their graph under torch.jit.trace "
+            "(TorchScript): use torch.export or torch.compile (docs/compile.md), or pass "
+            "an AttentionGraph built outside the traced function"
+        )
 
 
 def as_graph(
@@ -41,6 +53,8 @@ def as_graph(
     on this call only), or ``None``: the complete (``causal``: causal) graph,
     one per sequence of ``batch``, or the complete bipartite graph.
     """
+    if not isinstance(graph, AttentionGraph):
+        refuse_jit_trace()
     if graph is not None and batch is not None:
         raise ValueError(
             "Expected either 'edge_index' or 'batch', got both: 'batch' builds one complete "

@@ -23,7 +23,13 @@ from ..checks import (
     check_tensor,
     check_x,
 )
-from ..graphs import AttentionGraph, ComposedGraph, check_batch, exphormer_graph
+from ..graphs import (
+    AttentionGraph,
+    ComposedGraph,
+    check_batch,
+    exphormer_graph,
+    refuse_jit_trace,
+)
 from ..ops import AttentionOutput, BackendChoice, attention, backend_for, check_backend
 from ..ops import dropout as stream_dropout
 from .bias import check_attn_bias
@@ -64,7 +70,9 @@ class GPSConv(torch.nn.Module):
     The constructor, the submodules (``conv``, ``attn`` a
     :class:`torch.nn.MultiheadAttention`, ``mlp``, ``norm1``..``norm3``), the
     ``state_dict``, the ``repr`` and the outputs are PyG's, so weights load in
-    both directions. The difference is the global attention: PyG pads every
+    both directions (``attn``'s weights are read, the module itself is not
+    called: forward hooks on ``attn`` do not run). The difference is the
+    global attention: PyG pads every
     graph to the largest one (``to_dense_batch``) and masks the padding; here
     ``attn``'s projections run on the real nodes only and
     :func:`gnnattn.attention` runs on :meth:`AttentionGraph.complete
@@ -592,6 +600,7 @@ class GPSConv(torch.nn.Module):
         travel to the host together (one synchronisation on a GPU: the
         lengths are the graph's structure, so one is unavoidable).
         """
+        refuse_jit_trace()
         n = x.shape[0]
         if batch is None:
             return AttentionGraph.complete(lengths=[n] if n else [], device=x.device)

@@ -61,7 +61,9 @@ class TransformerConv(MessagePassing):
     <https://arxiv.org/abs/2009.03509>`_, a drop-in for
     :class:`torch_geometric.nn.TransformerConv`: the same constructor,
     submodules, parameter names, call and outputs, so ``load_state_dict``
-    works both ways.
+    works both ways (the fused path reads ``lin_edge``'s weight without
+    calling it: forward hooks on ``lin_edge`` run on PyG's path only, taken with
+    a message hook or an explainer).
 
     .. math::
         \mathbf{x}^{\prime}_i = \mathbf{W}_1 \mathbf{x}_i +
