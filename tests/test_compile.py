@@ -427,9 +427,9 @@ def test_jit_trace_refuses_to_build_a_graph_and_traces_a_built_one() -> None:
     ei, x = torch.tensor([[0, 1, 2], [1, 2, 0]]), torch.randn(3, 8)
     with pytest.raises(RuntimeError, match="cannot build their graph under torch.jit.trace"):
         torch.jit.trace(conv, (x, ei), check_trace=False)
-    gps = GPSConv(8, None, heads=2)
-    with pytest.raises(RuntimeError, match="cannot build their graph under torch.jit.trace"):
-        torch.jit.trace(gps, (x, ei), check_trace=False)
+    for gps in (GPSConv(8, None, heads=2), GPSConv(8, None, heads=2, attn_type="exphormer")):
+        with pytest.raises(RuntimeError, match="cannot build their graph under torch.jit.trace"):
+            torch.jit.trace(gps, (x, ei), check_trace=False)
 
     class Held(torch.nn.Module):
         def __init__(self) -> None:

@@ -656,7 +656,9 @@ def _indices_of(adj_t: torch.Tensor) -> torch.Tensor:
     return adj_t.row_indices()
 
 
-@pytest.mark.parametrize("given", ["int32", "causal", "coo", "csr", "csc", "causal view"])
+@pytest.mark.parametrize(
+    "given", ["int32", "causal", "coo", "csr", "csc", "causal view", "EdgeIndex"]
+)
 def test_an_in_place_change_is_refused_where_the_graph_holds_a_copy(given):
     """int32 ids, pruned edges and a sparse adjacency's indices are converted (or kept
     as given, a CSR's); a later change in place of the caller's tensor raised only
@@ -672,6 +674,9 @@ def test_an_in_place_change_is_refused_where_the_graph_holds_a_copy(given):
     elif given == "causal view":
         src = ei
         graph = AttentionGraph(src, 4).causal_view()
+    elif given == "EdgeIndex":  # its as_tensor() view has a version counter of its own
+        src = EdgeIndex(ei, sparse_size=(4, 4))
+        graph = AttentionGraph(src)
     else:
         adj_t = _sparse(ei, 4, given)
         src = _indices_of(adj_t)
@@ -691,8 +696,43 @@ def test_a_sparse_adjacency_with_pointers_of_another_length_is_refused(layout):
     make = torch.sparse_csr_tensor if layout == "csr" else torch.sparse_csc_tensor
     for ptr in ([0, 1, 2], [0, 1, 1, 2, 2]):
         adj_t = make(torch.tensor(ptr), torch.tensor([1, 0]), torch.ones(2), (3, 3))
-        with pytest.raises(ValueError, match=r"of shape \[4\] \(one more than the 3 rows\)"):
+        with pytest.raises(ValueError, match=r"of shape \[4\] \(3 segments and the end\)"):
             AttentionGraph(adj_t)
+
+
+def test_the_graph_does_not_keep_the_tensor_it_copied_alive():
+    # An int32 edge_index is copied to int64; the watch on the caller's tensor is weak.
+    ei = causal_graph(64).int()
+    ref = weakref.ref(ei)
+    graph = AttentionGraph(ei)
+    del ei
+    gc.collect()
+    assert ref() is None
+    assert graph.num_edges == 64 * 65 // 2 and graph.csr.ptr.numel() == 65
+
+
+def test_prepare_makes_a_tile_plan_only_where_the_tiles_may_run():
+    # A causal graph goes to SDPA: its tile plan was memory no call read.
+    causal = AttentionGraph(causal_graph(200)).prepare()
+    assert causal.structure is not None and causal.peek(("tiles", 64)) is None
+    window = AttentionGraph(sliding_window_graph(256, window=32)).prepare()
+    assert window.peek(("tiles", 64)) is not None
+
+
+@pytest.mark.parametrize(
+    "size, given, want",
+    [
+        ((None, 5), {"num_src": 3}, (5, 3)),
+        ((5, None), {"num_nodes": 3}, (3, 5)),
+        ((5, None), {}, (5, 5)),
+    ],
+)
+def test_an_edge_index_keeps_each_size_it_knows(size, given, want):
+    # The known target count was dropped when num_src was given, and the known source
+    # count when num_nodes was.
+    ei = torch.tensor([[0, 1, 2, 1], [1, 2, 0, 0]])
+    graph = AttentionGraph(EdgeIndex(ei, sparse_size=size), **given)
+    assert (graph.num_dst, graph.num_src) == want
 
 
 @pytest.mark.parametrize("size", [(5, None), (None, 5)])

@@ -24,6 +24,7 @@ import contextlib
 import copy
 import itertools
 import threading
+import weakref
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -33,7 +34,7 @@ from torch import Tensor
 from ..checks import check_bool, check_int
 from .builders import resolve_lengths, structured_edge_index
 from .csr import CSC, CSR, _on_host, _to_csr, _transpose_csr, segment_ids
-from .inputs import canonical_device, index_tensors, normalize
+from .inputs import canonical_device, normalize
 from .structure import Structure, detect_structure
 from .validate import check_edge_index
 
@@ -43,6 +44,12 @@ __all__ = ["AttentionGraph"]
 BLOCK_STARTS = "block starts"
 
 _T = TypeVar("_T")
+
+
+def _unchanged(ref: weakref.ref[Tensor], version: int) -> bool:
+    """Whether a tensor the graph was built from is gone or as it was then."""
+    t = ref()
+    return t is None or t._version == version
 
 
 @contextlib.contextmanager
@@ -174,16 +181,16 @@ class AttentionGraph:
             self._cache[self._plan_key("csr")] = plan
         if causal:
             self._prune_causal()
-        if not torch.compiler.is_compiling():
-            # The caller's tensors where the graph holds a copy or a pruned version
-            # (int32 ids, causal=True, a sparse adjacency), with their versions: a
-            # change in place is refused there too (an inference tensor has no
-            # version, and cannot be changed outside inference mode).
-            self._sources: tuple[tuple[Tensor, int], ...] = tuple(
-                (t, t._version)
-                for t in index_tensors(edge_index)
-                if t is not self._edge_index and not t.is_inference()
-            )
+        if not torch.compiler.is_compiling() and edge_index is not self._edge_index:
+            # What the caller gave, where the graph holds a copy or a pruned version
+            # (int32 ids, causal=True, a sparse adjacency, an EdgeIndex), with its
+            # version: a change in place is refused there too. Weak: the graph must
+            # not keep alive what it copied. (An inference tensor has no version,
+            # and cannot be changed outside inference mode.)
+            if not edge_index.is_inference():
+                self._sources: tuple[tuple[weakref.ref[Tensor], int], ...] = (
+                    (weakref.ref(edge_index), edge_index._version),
+                )
 
     # ------------------------------------------------------------ construction
 
@@ -432,8 +439,11 @@ class AttentionGraph:
         from .blocks import TILES_MIN_EDGES, TILES_MIN_FILL, block_plan, fill_estimate
 
         # What "auto" reads to take the tiles (on the CPU only): a compiled call must
-        # find the fill, and the plan, which it cannot make (it reads the edges).
-        if self._device.type == "cpu" and self.num_edges >= TILES_MIN_EDGES:
+        # find the plan, which it cannot make (it reads the edges). Not where "auto"
+        # takes SDPA first (complete, causal or dense structure): a plan there is
+        # memory (more than the CSR) that no call reads.
+        sdpa = s is not None and (s.kind in ("complete", "causal") or self.density > 0.25)
+        if self._device.type == "cpu" and not sdpa and self.num_edges >= TILES_MIN_EDGES:
             if fill_estimate(self) >= TILES_MIN_FILL:
                 block_plan(self)
         return self
@@ -467,7 +477,7 @@ class AttentionGraph:
         ei = self._edge_index
         if torch.compiler.is_compiling() or (
             (ei is None or ei._version == self._edge_version)
-            and (not self._sources or all(t._version == v for t, v in self._sources))
+            and (not self._sources or all(_unchanged(r, v) for r, v in self._sources))
         ):
             return
         raise ValueError(
@@ -489,6 +499,7 @@ class AttentionGraph:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._sources = ()  # (a pickle made before the graph kept them has none)
         self._lock = threading.RLock()
         self._set_edges(self._edge_index)  # a fresh tensor, with a fresh version counter
 
@@ -686,7 +697,10 @@ class AttentionGraph:
                     # The view refuses a change in place of the edges it was pruned
                     # from (and of what they came from), as this graph does.
                     assert self._edge_index is not None and self._edge_version is not None
-                    view._sources = (*self._sources, (self._edge_index, self._edge_version))
+                    view._sources = (
+                        *self._sources,
+                        (weakref.ref(self._edge_index), self._edge_version),
+                    )
                 if s is not None:
                     view._structure = s.causal()
                     view._detected = True

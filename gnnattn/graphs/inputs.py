@@ -13,7 +13,7 @@ from ..kernels.common import check_index, check_ptr
 from .csr import CSR, segment_ids
 from .validate import check_edge_index, check_edge_index_static
 
-__all__ = ["canonical_device", "from_sparse", "index_tensors", "normalize", "own_sizes", "plain"]
+__all__ = ["canonical_device", "from_sparse", "normalize", "own_sizes", "plain"]
 
 
 def plain(edge_index: Tensor) -> Tensor:
@@ -45,14 +45,15 @@ def normalize(
                 raise ValueError(
                     f"Expected '{name}' equal to the EdgeIndex's sparse_size ({known}), got {given}"
                 )
-        if m is not None and n is not None:
-            num_nodes = num_nodes if num_nodes is not None else n
-            if num_src is None and m != num_nodes:
+        if num_nodes is None and n is not None:
+            num_nodes = n
+        if num_src is None and m is not None:
+            if num_nodes is None:
+                # Only the sources' count known: a square graph of that size (ids
+                # past it are refused below), not a bipartite one.
+                num_nodes = m
+            elif m != num_nodes:
                 num_src = m  # a rectangular EdgeIndex is a bipartite graph
-        elif num_nodes is None and num_src is None:
-            # One size known: a square graph of that many nodes (ids past it are
-            # refused below), not a bipartite one.
-            num_nodes = m if m is not None else n
     ei = check_edge_index_static(edge_index)
     if torch.compiler.is_compiling():
         if num_nodes is None:
@@ -133,18 +134,6 @@ def from_sparse(
     if ei is not None:
         check_edge_index(ei, m, n)
     return ei, n, (m if num_src is not None else None), csr
-
-
-def index_tensors(edge_index: Tensor) -> tuple[Tensor, ...]:
-    """The caller's index tensors behind an accepted edge set (what an in-place change
-    of the edges alters): the ``[2, E]`` tensor, or a sparse adjacency's indices."""
-    if edge_index.layout == torch.sparse_coo:
-        return (edge_index._indices(),)
-    if edge_index.layout == torch.sparse_csr:
-        return (edge_index.crow_indices(), edge_index.col_indices())
-    if edge_index.layout == torch.sparse_csc:
-        return (edge_index.ccol_indices(), edge_index.row_indices())
-    return (plain(edge_index),)
 
 
 def own_sizes(edge_index: Tensor) -> tuple[int, int] | None:

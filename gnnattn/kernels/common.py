@@ -149,8 +149,8 @@ def check_ptr(ptr: Tensor, num_edges: int, name: str = "ptr", num_rows: int | No
         # A pointer array of another length than the rows would have the kernels
         # read past its end (or skip rows).
         raise ValueError(
-            f"Expected '{name}' of shape [{num_rows + 1}] (one more than the "
-            f"{num_rows} rows), got {list(ptr.shape)}"
+            f"Expected '{name}' of shape [{num_rows + 1}] ({num_rows} segments and the "
+            f"end), got {list(ptr.shape)}"
         )
     first, last = int(ptr[0]), int(ptr[-1])
     ok = first == 0 and last == num_edges

@@ -568,6 +568,7 @@ class GPSConv(torch.nn.Module):
         self, x: Tensor, edge_index: Adj | None, batch: Tensor | None
     ) -> AttentionGraph:
         """:func:`~gnnattn.exphormer_graph` of the call's edges and batch."""
+        refuse_jit_trace()
         n = x.shape[0]
         if edge_index is None:
             raise ValueError(

@@ -25,7 +25,8 @@ different lengths: SDPA runs such a batch in buckets, one call each, a Python
 structure that would recompile per batch, so there it takes ``"sdpa"`` only
 where the block kernel takes the whole batch in one call
 (:func:`~gnnattn.ops.sdpa.compiled_blocks`), and ``"fused"`` otherwise; and
-the tiles are taken only where an eager call estimated their fill before.
+the tiles are taken only where their plan was made before
+(:meth:`~gnnattn.AttentionGraph.prepare`, or an eager call on the tiles).
 An explicit backend is taken as asked, or refused with a ``ValueError`` that
 says why; the one exception is ``"tiles"`` on non-finite ``q``, ``k`` or ``v``,
 which runs ``"fused"`` (see :func:`gnnattn.attention`).

@@ -220,6 +220,7 @@ def attention_matrix(
         m = n
     else:
         check_int(num_src, "num_src")
+        check_int(num_nodes, "num_nodes", optional=True)
         if num_nodes is None and isinstance(edge_index, Tensor) and edge_index.dim() == 2:
             targets = edge_index[-1]
             num_nodes = int(targets.max()) + 1 if targets.numel() else 0
