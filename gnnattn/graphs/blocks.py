@@ -50,6 +50,7 @@ from torch import Tensor
 from ..checks import check_int
 from .csr import segment_ids
 from .graph import AttentionGraph
+from .structure import Structure
 
 __all__ = [
     "CHUNK_SLOTS",
@@ -61,6 +62,7 @@ __all__ = [
     "block_plan",
     "default_block",
     "fill_estimate",
+    "sdpa_first",
 ]
 
 #: Tile rows are padded to a multiple of this, columns to a multiple of :data:`COL_QUANTUM`.
@@ -91,6 +93,15 @@ TILES_MIN_FILL = 0.4
 #: ... and has at least this many edges (below, a tile call's dozen torch
 #: operations cost more than the fused kernel's one pass).
 TILES_MIN_EDGES = 4096
+
+
+def sdpa_first(graph: AttentionGraph, structure: Structure | None) -> bool:
+    """Whether ``"auto"`` takes SDPA's dense kernel for ``structure`` (the graph's, where
+    SDPA takes the call) before the tiles are looked at: complete or causal blocks, or a
+    window filling more than a quarter of the dense matrix."""
+    return structure is not None and (
+        structure.kind in ("complete", "causal") or graph.density > 0.25
+    )
 
 
 def default_block(device: torch.device) -> int:

@@ -436,14 +436,14 @@ class AttentionGraph:
         self.kernel_plan("csr")
         if backward:
             self.kernel_plan("csc")
-        from .blocks import TILES_MIN_EDGES, TILES_MIN_FILL, block_plan, fill_estimate
+        from .blocks import TILES_MIN_EDGES, TILES_MIN_FILL, block_plan, fill_estimate, sdpa_first
 
         # What "auto" reads to take the tiles (on the CPU only): a compiled call must
         # find the plan, which it cannot make (it reads the edges). Not where "auto"
         # takes SDPA first (complete, causal or dense structure): a plan there is
         # memory (more than the CSR) that no call reads.
-        sdpa = s is not None and (s.kind in ("complete", "causal") or self.density > 0.25)
-        if self._device.type == "cpu" and not sdpa and self.num_edges >= TILES_MIN_EDGES:
+        tiles_may_run = self._device.type == "cpu" and not sdpa_first(self, s)
+        if tiles_may_run and self.num_edges >= TILES_MIN_EDGES:
             if fill_estimate(self) >= TILES_MIN_FILL:
                 block_plan(self)
         return self

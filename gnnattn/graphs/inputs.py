@@ -127,9 +127,8 @@ def from_sparse(
             check_index(col, m, "edge_index.col_indices()")
         else:  # sparse_csc: grouped by column (source)
             cptr, row = adj_t.ccol_indices().long(), adj_t.row_indices().long()
-            check_ptr(
-                cptr, row.numel(), "edge_index.ccol_indices()", num_rows=m
-            )  # before expanding it
+            # Before expanding it.
+            check_ptr(cptr, row.numel(), "edge_index.ccol_indices()", num_rows=m)
             ei = torch.stack([segment_ids(cptr, row.numel()), row])
     if ei is not None:
         check_edge_index(ei, m, n)

@@ -43,7 +43,13 @@ import torch
 
 from ..checks import check_choice
 from ..graphs import AttentionGraph
-from ..graphs.blocks import TILES_MIN_EDGES, TILES_MIN_FILL, default_block, fill_estimate
+from ..graphs.blocks import (
+    TILES_MIN_EDGES,
+    TILES_MIN_FILL,
+    default_block,
+    fill_estimate,
+    sdpa_first,
+)
 from ..kernels import COMPILED
 from .sdpa import compiled_blocks
 
@@ -220,7 +226,7 @@ def backend_for(
     # where the block kernel takes it in one call (compiled_blocks).
     if s is not None and not s.uniform and torch.compiler.is_compiling():
         s = s if compiled_blocks(q, graph, dropout_p) else None
-    if s is not None and (s.kind in ("complete", "causal") or graph.density > 0.25):
+    if s is not None and sdpa_first(graph, s):
         return BackendChoice("sdpa", f"{s.kind.replace('_', ' ')} graph: the dense SDPA kernel")
     tiles = _tiles_pay(q, graph)
     if tiles is not None:
