@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
 
-from gnnattn import AttentionGraph, ComposedGraph, exphormer_graph
+from gnnattn import AttentionGraph, ComposedGraph, expander_graph, exphormer_graph
 from gnnattn.nn import GPSConv, GraphTransformer, GraphTransformerLayer
 
 C, H = 16, 4
@@ -326,6 +326,12 @@ def test_errors_name_the_argument() -> None:
     other = exphormer_graph(ei, expander_degree=3, virtual_nodes=1, seed=0, batch=batch)
     with pytest.raises(ValueError, match=r"2 virtual node\(s\) per graph.*got 1"):
         layer(x, ei, attn_graph=other)
+    for bare in (
+        exphormer_graph(ei, expander_degree=3, virtual_nodes=0, seed=0, batch=batch),
+        expander_graph(degree=3, seed=0, batch=batch),
+    ):
+        with pytest.raises(ValueError, match=r"2 virtual node\(s\) per graph.*got 0"):
+            layer(x, ei, attn_graph=bare)
     with pytest.raises(ValueError, match="plain AttentionGraph of 9 nodes"):
         layer(x, ei, attn_graph=AttentionGraph(ei, 9))
     with pytest.raises(ValueError, match="'edge_index'.*or 'attn_graph'"):

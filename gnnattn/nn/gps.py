@@ -543,7 +543,8 @@ class GPSConv(torch.nn.Module):
         k = self.virtual_nodes
         if isinstance(attn_graph, ComposedGraph):
             comp = attn_graph.composition
-            if comp.num_virtual and comp.virtual_per_graph != k:
+            # Also a graph without any (k = 0): the layer's virtual embedding would go unused.
+            if comp.virtual_per_graph != k:
                 raise ValueError(
                     f"Expected an 'attn_graph' with {k} virtual node(s) per graph (the layer's "
                     f"virtual_nodes), got {comp.virtual_per_graph}"
