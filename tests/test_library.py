@@ -235,6 +235,37 @@ def test_opcheck_activation_dropout_on_a_strided_input(dtype: torch.dtype) -> No
     torch.library.opcheck(torch.ops.gnnattn.relu_dropout_bwd.default, (y, grad, 0.3))
 
 
+@pytest.mark.parametrize("op", ["segment_softmax", "relu_dropout"])
+def test_second_derivatives_of_the_softmax_and_activation_ops(op: str) -> None:
+    """A gradient penalty (``create_graph=True``) through the op: its gradients, and the
+    penalty's, are those of the same function in torch ops (float64; with one segment
+    of 2100, past the kernels' pieces)."""
+    from gnnattn.kernels import reference
+
+    g = torch.Generator().manual_seed(4)
+    x0 = torch.randn(2110, 3, generator=g, dtype=torch.float64).to(DEV)
+    ptr = torch.tensor([0, 3, 3, 2103, 2110], device=DEV)
+    key = draw_key()
+    if op == "segment_softmax":
+        calls = (
+            lambda x: torch.ops.gnnattn.segment_softmax_fwd(x, ptr),
+            lambda x: reference.segment_softmax_fwd(x, ptr),
+        )
+    else:
+        calls = (
+            lambda x: torch.ops.gnnattn.relu_dropout(x, key, 0.3),
+            lambda x: torch.ops.gnnattn.dropout(torch.relu(x), key, 0.3),
+        )
+    weight = torch.randn(x0.shape, generator=g, dtype=torch.float64).to(DEV)
+    results = []
+    for call in calls:
+        x = x0.clone().requires_grad_()
+        (gx,) = torch.autograd.grad((call(x) * weight).square().sum(), x, create_graph=True)
+        results.append((gx, *torch.autograd.grad(gx.square().sum(), x)))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
 def test_dropout_ops_mask_like_the_reference_stream() -> None:
     """The ops draw the stream of :mod:`gnnattn.kernels.common` (a test that can fail:
     another hash, offset or threshold changes the kept set)."""

@@ -367,6 +367,46 @@ def test_gradcheck_with_a_fixed_dropout_mask(backend):
     assert torch.autograd.gradcheck(fn, (q, k, v, sb))
 
 
+@pytest.mark.parametrize(
+    "backend, graph",
+    [
+        ("fused", "random"),  # its edge features by the algebra, and per edge and head
+        ("fused", "shared"),
+        ("sdpa", "blocks"),  # the CPU's block kernel
+        ("auto", "blocks"),
+    ],
+)
+def test_second_derivatives_are_mps(backend, graph):
+    """A gradient penalty (``create_graph=True``: WGAN-GP, MAML): the compiled kernels'
+    gradients have no graph of their own, so a double backward takes the torch
+    reference's; its gradients, and the penalty's, are mp's (float64)."""
+    extra = {}
+    if graph == "blocks":
+        g = AttentionGraph.complete(lengths=[2, 5])
+        torch.manual_seed(9)
+        q, k, v = (torch.randn(7, 2, 3, dtype=torch.float64, requires_grad=True) for _ in "qkv")
+        inputs = [q, k, v]
+    else:
+        ei, q, k, v, sb = _inputs(cv=3, e=20, seed=4)
+        g = AttentionGraph(ei, q.shape[0], num_src=k.shape[0])
+        ea = torch.randn(ei.shape[1], 3, dtype=torch.float64, requires_grad=True)
+        wk = torch.randn(2 * 3, 3, dtype=torch.float64, requires_grad=True)
+        wv = wk if graph == "shared" else torch.randn(2 * 3, 3, dtype=torch.float64)
+        extra = dict(score_bias=sb, edge_attr=ea, edge_key=wk, edge_value=wv.requires_grad_())
+        extra["dropout_p"] = 0.3
+        inputs = [q, k, v, sb, ea, wk] + ([wv] if wv is not wk else [])
+    results = {}
+    for name in ("mp", backend):
+        torch.manual_seed(7)  # the same dropout mask
+        out = attention(q, k, v, g, backend=name, **extra)
+        weight = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)
+        grads = torch.autograd.grad((out * weight).sum(), inputs, create_graph=True)
+        penalty = sum(gr.square().sum() for gr in grads)
+        results[name] = (*grads, *torch.autograd.grad(penalty, inputs))
+    for i, (a, b) in enumerate(zip(results[backend], results["mp"], strict=True)):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0, msg=str(i))
+
+
 def test_per_call_backend_override_and_threads():
     torch.manual_seed(0)
     layer = gnnattn.SelfAttentionConv(16, 4, edge_dim=3, edge_value=True).double().eval()

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .library import differentiable_backward
+
 __all__ = ["CHUNK_ELEMENTS", "relu_edge_sum", "relu_edge_sum_reference"]
 
 #: Values per chunk buffer (8 MB of float32): large enough that the per-chunk
@@ -120,7 +122,11 @@ def _backward(ctx: Any, grad: Tensor) -> tuple:
         # A double backward (create_graph=True: a gradient penalty, forces):
         # the one-piece reference, whose [|E|, D] messages autograd can
         # differentiate again. Only this case pays their memory.
-        return _differentiable_backward(grad, x, edge_attr, weight, bias, src, dst, need)
+        def forward(x: Tensor, edge_attr: Tensor, weight: Tensor | None, bias: Tensor | None):
+            return (relu_edge_sum_reference(x, edge_attr, weight, bias, src, dst, grad.shape[0]),)
+
+        inputs = {0: x, 1: edge_attr, 2: weight, 3: bias}
+        return differentiable_backward(ctx, forward, inputs, (grad,), 7)
     dx, de, dw, db = torch.ops.gnnattn.relu_edge_sum_bwd(
         grad.contiguous(), x, edge_attr, weight, bias, src, dst, need[1], need[2] or need[3]
     )
@@ -133,27 +139,6 @@ def _backward(ctx: Any, grad: Tensor) -> tuple:
         None,
         None,
     )
-
-
-def _differentiable_backward(
-    grad: Tensor,
-    x: Tensor,
-    edge_attr: Tensor,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    src: Tensor,
-    dst: Tensor,
-    need: tuple[bool, ...],
-) -> tuple:
-    inputs = (x, edge_attr, weight, bias)
-    wanted = [t for t, n in zip(inputs, need[:4], strict=True) if n and t is not None]
-    with torch.enable_grad():
-        out = relu_edge_sum_reference(x, edge_attr, weight, bias, src, dst, grad.shape[0])
-        grads = iter(torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True))
-    result = [
-        next(grads) if n and t is not None else None for t, n in zip(inputs, need[:4], strict=True)
-    ]
-    return (*result, None, None, None)
 
 
 _fwd.register_autograd(_backward, setup_context=_setup)

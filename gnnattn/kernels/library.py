@@ -43,13 +43,13 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from .common import Dropout, acc_dtype
 
 __all__ = [
     "attention",
     "block_attention",
+    "differentiable_backward",
     "draw_key",
     "dropout_of",
     "plan_from_tensors",
@@ -410,6 +410,22 @@ def _attention_backward(
     q, k, v, ptr, col, plan, tptr, trow, tperm, csc_plan, bias, ea, eq, key, out, lse, eo = (
         ctx.saved_tensors
     )
+    if torch.is_grad_enabled():
+        # A double backward (create_graph=True: a gradient penalty, MAML). The kernels'
+        # gradients have no graph: differentiated again, they would be constants and the
+        # second derivative silently wrong. The torch reference's can be differentiated;
+        # only this case pays its [|E|, C] messages.
+        from . import reference
+
+        def forward(q: Tensor, k: Tensor, v: Tensor, *options: Tensor | None) -> Any:
+            bias, ea, eq = options
+            drop = dropout_of(key, ctx.p)
+            return reference.attention_fwd(
+                q, k, v, ptr, col, ctx.scale, bias, dropout=drop, edge_attr=ea, edge_query=eq
+            )
+
+        inputs = {0: q, 1: k, 2: v, 10: bias, 11: ea, 12: eq}
+        return differentiable_backward(ctx, forward, inputs, (grad_out, grad_lse, grad_eo), 16)
     need_dea = ea is not None and ctx.needs_input_grad[11]
     ge = grad_eo.contiguous() if ea is not None and grad_eo is not None else None
     if grad_out is None:  # a loss of lse (or edge_out) alone
@@ -461,6 +477,44 @@ def _attention_backward(
         None,
         None,
     )
+
+
+def differentiable_backward(
+    ctx: Any,
+    forward: Any,
+    inputs: dict[int, Tensor | None],
+    grads: tuple[Tensor | None, ...],
+    num_inputs: int,
+) -> tuple[Tensor | None, ...]:
+    """What an op's autograd returns under ``create_graph=True`` (a double backward): the
+    gradients of its ``inputs`` (keyed by their position among its ``num_inputs``), from
+    ``forward``, its torch reference, run again on them (in the order of ``inputs``), for
+    the outputs' gradients ``grads``; differentiable, where the kernels' have no graph."""
+    # Views: the gradient of each input as a variable of its own. One input may be
+    # computed from another (an edge query from q): differentiated as they are, the
+    # path between them would be counted here and again by the caller's backward.
+    inputs = {i: t.view_as(t) if t is not None else None for i, t in inputs.items()}
+    wanted = [i for i, t in inputs.items() if t is not None and ctx.needs_input_grad[i]]
+    result: list[Tensor | None] = [None] * num_inputs
+    with torch.enable_grad():
+        outs = forward(*inputs.values())
+        # The gradients of the outputs a loss used (the reference may make fewer outputs
+        # than the op: none for an absent edge_out).
+        pairs = [(o, g) for o, g in zip(outs, grads, strict=False) if g is not None]
+        if not wanted or not pairs:
+            return tuple(result)
+        got = torch.autograd.grad(
+            [o for o, _ in pairs],
+            [t for i, t in inputs.items() if i in wanted and t is not None],
+            [g for _, g in pairs],
+            create_graph=True,
+            allow_unused=True,
+        )
+    for i, g in zip(wanted, got, strict=True):
+        t = inputs[i]
+        assert t is not None
+        result[i] = g if g is not None else torch.zeros_like(t)
+    return tuple(result)
 
 
 attention_fwd.register_autograd(_attention_backward, setup_context=_attention_setup)
@@ -595,9 +649,16 @@ def _block_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor
     ctx.mark_non_differentiable(output[1])
 
 
-@once_differentiable
 def _block_backward(ctx: Any, grad: Tensor, _grad_lse: Tensor | None) -> tuple[Any, ...]:
     q, k, v, out, lse, ptr = ctx.saved_tensors
+    if torch.is_grad_enabled():
+        # A double backward, as in the attention op's: the reference's gradients.
+        from . import reference
+
+        def forward(q: Tensor, k: Tensor, v: Tensor) -> Any:
+            return reference.block_attention_fwd(q, k, v, ptr, ctx.scale)[:1]
+
+        return differentiable_backward(ctx, forward, {0: q, 1: k, 2: v}, (grad,), 5)
     inputs = (q, k, v, out, lse, grad, ptr, ctx.scale)
     run = _block_attention_bwd if _eager(inputs) else torch.ops.gnnattn.block_attention_bwd
     dq, dk, dv = run(*inputs)
@@ -670,6 +731,12 @@ def _softmax_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> N
 
 def _softmax_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
     y, ptr = ctx.saved_tensors
+    if torch.is_grad_enabled():
+        # A double backward: the same formula in torch ops, differentiable through the
+        # output y (the op's, with its autograd) and the incoming gradient.
+        from . import reference
+
+        return reference.segment_softmax_bwd(y, grad, ptr), None
     return torch.ops.gnnattn.segment_softmax_bwd(y, grad, ptr), None
 
 
@@ -754,6 +821,23 @@ def _relu_dropout_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
 
 
 relu_dropout.register_autograd(_relu_dropout_backward, setup_context=_relu_dropout_setup)
+
+
+def _relu_dropout_bwd_setup(ctx: Any, inputs: tuple[Tensor, Tensor, float], output: Tensor) -> None:
+    ctx.save_for_backward(inputs[0])
+    ctx.p = inputs[2]
+
+
+def _relu_dropout_bwd_backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor, None]:
+    # A double backward (a gradient penalty): linear in the incoming gradient, so the
+    # same mask again; piecewise constant in y, whose gradient is zero.
+    (y,) = ctx.saved_tensors
+    return None, torch.ops.gnnattn.relu_dropout_bwd(y, grad, ctx.p), None
+
+
+relu_dropout_bwd.register_autograd(
+    _relu_dropout_bwd_backward, setup_context=_relu_dropout_bwd_setup
+)
 
 
 @torch.library.custom_op("gnnattn::dropout_bits", mutates_args=())

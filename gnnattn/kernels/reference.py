@@ -300,7 +300,10 @@ def attention_fwd(
     m_safe = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
     e = torch.exp(s - m_safe[index])
     denom = segment_sum(e, index, n)
-    lse = torch.where(denom == 0, torch.full_like(denom, float("-inf")), m_safe + torch.log(denom))
+    # log(1), not log(0), where no edge counts: its gradient (0 / 0 there) would be NaN
+    # through the branch that where() drops.
+    safe = torch.where(denom == 0, torch.ones_like(denom), denom)
+    lse = torch.where(denom == 0, torch.full_like(denom, float("-inf")), m_safe + torch.log(safe))
     alpha = e / torch.where(denom == 0, torch.ones_like(denom), denom)[index]
     f = dropout_factor(dropout, col.numel(), h, alpha)
     if f is not None:

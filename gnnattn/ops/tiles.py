@@ -89,9 +89,18 @@ def tiles_attention(a: AttentionArgs) -> tuple[Tensor, Tensor | None, Tensor | N
     None)``.
 
     Computes in the accumulation dtype (float64 for float64, float32
-    otherwise); the weights are those before dropout, in ``graph.edge_index``
-    order, gathered from the tiles, differentiable.
+    otherwise), under autocast too; the weights are those before dropout, in
+    ``graph.edge_index`` order, gathered from the tiles, differentiable.
     """
+    if torch.is_autocast_enabled(a.q.device.type):
+        # Autocast would run the tiles' matrix products in its lower dtype, against
+        # buffers made in the accumulation dtype (the fused kernels compute in it too).
+        with torch.autocast(a.q.device.type, enabled=False):
+            return _tiles_attention(a)
+    return _tiles_attention(a)
+
+
+def _tiles_attention(a: AttentionArgs) -> tuple[Tensor, Tensor | None, Tensor | None]:
     q, k, v, graph, scale = a.q, a.k, a.v, a.graph, a.scale
     edge_attr, edge_key, edge_value = a.edge_attr, a.edge_key, a.edge_value
     dtype = acc_dtype(q.dtype)
