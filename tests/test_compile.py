@@ -394,6 +394,57 @@ def test_a_prepared_graph_takes_the_tiles_compiled_as_eager() -> None:
     assert not fused_op_in_last_graph()
 
 
+def test_tiles_on_graphs_of_other_sizes_and_the_implied_complete_graph_compile() -> None:
+    """A second tiled graph makes the plan's sizes (so its fill) symbolic: the reason's
+    formatted fill raised inside Dynamo. A layer called without a graph (the implied
+    complete graph) with a symbolic node count: max(lengths, default=0) was not
+    traceable."""
+
+    def banded(n: int) -> AttentionGraph:
+        i = torch.arange(n).repeat_interleave(65)
+        j = i + torch.arange(-32, 33).repeat(n)
+        keep = (j >= 0) & (j < n)
+        return AttentionGraph(torch.stack([j[keep], i[keep]]), n).prepare()
+
+    torch.manual_seed(0)
+    layer = SelfAttentionConv(16, 4)
+    tiled = torch.compile(lambda x, g: layer(x, g), backend="eager", fullgraph=True)
+    for n in (256, 300):
+        g, x = banded(n), torch.randn(n, 16)
+        assert layer.backend_for(x, g).backend == "tiles"
+        torch.testing.assert_close(tiled(x, g), layer(x, g), atol=1e-5, rtol=1e-5)
+    complete = torch.compile(lambda x: layer(x), backend="eager", fullgraph=True, dynamic=True)
+    for n in (40, 50):
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(complete(x), layer(x), atol=1e-5, rtol=1e-5)
+
+
+def test_ids_out_of_range_raise_in_a_compiled_call() -> None:
+    """A graph built inside the compiled region cannot read its ids on the host: the
+    traced program asserts them. A negative target was read as another node's there
+    (every other bound failed somewhere), changing the outputs of other targets."""
+    torch.manual_seed(0)
+    layer = SelfAttentionConv(16, 2)
+    x = torch.randn(20, 16)
+    ei = torch.randint(0, 20, (2, 60), generator=torch.Generator().manual_seed(1))
+    compiled = torch.compile(lambda x, ei: layer(x, ei), fullgraph=True)
+    torch.testing.assert_close(compiled(x, ei), layer(x, ei), atol=1e-5, rtol=1e-5)
+    for row, bad in ((1, -1), (0, -3), (1, 20)):
+        wrong = ei.clone()
+        wrong[row, 5] = bad
+        with pytest.raises(ValueError, match="edge_index"):
+            layer(x, wrong)
+        with pytest.raises(RuntimeError, match="every id of 'edge_index' in range"):
+            compiled(x, wrong)
+    # batch= builds its graph from lengths read on the host: refused by name (it failed
+    # on a data-dependent guard inside the batch's checks); eager calls take it.
+    batch = torch.arange(3).repeat_interleave(torch.tensor([5, 7, 8]))
+    by_batch = torch.compile(lambda x: layer(x, batch=batch), backend="eager", fullgraph=True)
+    with pytest.raises(Exception, match=r"'batch' to be built outside torch.compile"):
+        by_batch(x)
+    assert layer(x, batch=batch).shape == (20, 16)
+
+
 def test_the_operator_on_tiles_compiles_with_graph_inputs() -> None:
     """attention() itself, compiled with q, k, v as graph inputs on a graph whose tiles
     read strided views of them (inputs without a gradient): storage_offset() of an

@@ -11,7 +11,7 @@ from torch import Tensor
 from ..checks import check_tensor
 from ..kernels.common import check_index, check_ptr
 from .csr import CSR, segment_ids
-from .validate import check_edge_index, check_edge_index_static
+from .validate import assert_edge_index, check_edge_index, check_edge_index_static
 
 __all__ = ["canonical_device", "from_sparse", "normalize", "own_sizes", "plain"]
 
@@ -58,6 +58,8 @@ def normalize(
     if torch.compiler.is_compiling():
         if num_nodes is None:
             raise ValueError("Expected 'num_nodes' when building a graph under torch.compile")
+        if check:
+            assert_edge_index(ei, num_src if num_src is not None else num_nodes, num_nodes)
     else:
         if num_nodes is None:
             # Targets are row 1; for a bipartite graph row 0 counts sources.

@@ -75,6 +75,12 @@ def as_graph(
         if bipartite:
             return AttentionGraph.bipartite(num_src, num_dst, device=device)
         if batch is not None:
+            if torch.compiler.is_compiling():
+                raise ValueError(
+                    "Expected the graph of 'batch' to be built outside torch.compile (its "
+                    "sequence lengths are read on the host): pass "
+                    "AttentionGraph.from_batch(batch).prepare() as edge_index instead"
+                )
             # Validated once (one pass and one sync), then only its lengths are kept.
             lengths = sequence_lengths(check_batch(batch, num_dst, device=device))
             build = AttentionGraph.causal if causal else AttentionGraph.complete

@@ -47,7 +47,8 @@ class Structure:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "uniform", len(set(self.lengths)) <= 1)
-        object.__setattr__(self, "longest", max(self.lengths, default=0))
+        # Not max(..., default=0): torch.compile cannot trace it on symbolic lengths.
+        object.__setattr__(self, "longest", max(self.lengths) if self.lengths else 0)
 
     @property
     def num_nodes(self) -> int:

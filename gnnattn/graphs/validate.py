@@ -85,6 +85,21 @@ def check_edge_index(
     return ei
 
 
+def assert_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
+    """:func:`check_edge_index`'s bounds inside ``torch.compile`` or ``torch.export``,
+    where the ids cannot be read: an assertion in the traced program, which raises a
+    ``RuntimeError`` when it runs (on CUDA on the device, with no host synchronisation).
+    Unchecked, an id out of range would be read as another node's (a negative target
+    wraps around in compiled code)."""
+    src, dst = edge_index[0], edge_index[1]
+    ok = ((src >= 0) & (src < num_src)).all() & ((dst >= 0) & (dst < num_dst)).all()
+    torch._assert_async(
+        ok,
+        "Expected every id of 'edge_index' in range: sources (row 0) in [0, num_src), "
+        "targets (row 1) in [0, num_nodes)",
+    )
+
+
 def check_batch(
     batch: object, num_nodes: int | None = None, *, device: torch.device | None = None
 ) -> Tensor:

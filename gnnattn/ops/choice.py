@@ -273,11 +273,13 @@ def _tiles_pay(q: torch.Tensor, graph: AttentionGraph) -> BackendChoice | None:
         e = graph.num_edges
         if plan is None or (isinstance(e, int) and e < TILES_MIN_EDGES):
             return None
-        fill = plan.fill
-    elif graph.num_edges < TILES_MIN_EDGES:
+        if plan.fill < TILES_MIN_FILL:
+            return None
+        # Not the fill's value: it may be symbolic (the plan's sizes, traced).
+        return BackendChoice("tiles", f"tiles: the graph's tile plan over {block}-row windows")
+    if graph.num_edges < TILES_MIN_EDGES:
         return None
-    else:
-        fill = fill_estimate(graph, block)
+    fill = fill_estimate(graph, block)
     if fill < TILES_MIN_FILL:
         return None
     return BackendChoice("tiles", f"tiles: fill {fill:.2f} over {block}-row windows")
