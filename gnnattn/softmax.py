@@ -105,13 +105,18 @@ class _ScatterSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, src: Tensor, index: Tensor, n: int):  # type: ignore[override]
         y = reference.segment_softmax(src.to(acc_dtype(src.dtype)), index, n)
-        ctx.save_for_backward(y, index)
+        out = y.to(src.dtype)
+        # A half input's output is another tensor than y: kept too, as the path a
+        # double backward differentiates (y, made here without autograd, has none).
+        ctx.save_for_backward(y, index, None if out is y else out)
         ctx.n = n
-        return y.to(src.dtype)
+        return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        y, index = ctx.saved_tensors
+        y, index, out = ctx.saved_tensors
+        if torch.is_grad_enabled() and out is not None:
+            y = out.to(y.dtype)  # create_graph=True: through the output's autograd
         g = grad.to(y.dtype)
         dot = reference.segment_sum(g * y, index, ctx.n)
         return (y * (g - dot[index])).to(grad.dtype), None, None

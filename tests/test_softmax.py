@@ -124,6 +124,29 @@ def test_under_autocast():
         assert scatter_softmax(src.bfloat16(), index).dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_second_derivatives(dtype):
+    """A gradient penalty through the softmax: the second derivative is torch.softmax's
+    (float64 exactly; bfloat16 within its rounding: its output is the path a double
+    backward takes, where the float32 weights kept for the first one have no graph and
+    gave a second derivative off by a third of its size)."""
+    g = torch.Generator().manual_seed(0)
+    index = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])
+    x0 = torch.randn(9, 2, generator=g, dtype=torch.float64).to(dtype)
+    w = torch.randn(9, 2, generator=g, dtype=torch.float64)
+
+    def penalty_grad(f, dt):
+        x = x0.to(dt).requires_grad_()
+        (gx,) = torch.autograd.grad((f(x) * w.to(dt)).square().sum(), x, create_graph=True)
+        return torch.autograd.grad(gx.float().square().sum(), x)[0].double()
+
+    want = penalty_grad(lambda x: reference_softmax(x, index, 3), torch.float64)
+    got = penalty_grad(lambda x: scatter_softmax(x, index, 3), dtype)
+    # bfloat16: 2^-8 relative per rounding, a few roundings deep.
+    tol = 1e-12 if dtype == torch.float64 else 0.02 * want.abs().max().item()
+    torch.testing.assert_close(got, want, atol=tol, rtol=0)
+
+
 def test_dim_argument():
     src = torch.randn(3, 20, dtype=torch.float64)
     index = torch.randint(0, 5, (20,))

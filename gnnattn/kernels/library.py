@@ -488,33 +488,38 @@ def differentiable_backward(
 ) -> tuple[Tensor | None, ...]:
     """What an op's autograd returns under ``create_graph=True`` (a double backward): the
     gradients of its ``inputs`` (keyed by their position among its ``num_inputs``), from
-    ``forward``, its torch reference, run again on them (in the order of ``inputs``), for
-    the outputs' gradients ``grads``; differentiable, where the kernels' have no graph."""
+    ``forward``, its torch reference, run again on them (in the order of ``inputs``) in
+    the accumulation dtype, as the kernels compute, for the outputs' gradients ``grads``;
+    differentiable, where the kernels' have no graph."""
+    result: list[Tensor | None] = [None] * num_inputs
+    wanted = [i for i, t in inputs.items() if t is not None and ctx.needs_input_grad[i]]
+    if not wanted or all(g is None for g in grads):
+        return tuple(result)
     # Views: the gradient of each input as a variable of its own. One input may be
     # computed from another (an edge query from q): differentiated as they are, the
     # path between them would be counted here and again by the caller's backward.
-    inputs = {i: t.view_as(t) if t is not None else None for i, t in inputs.items()}
-    wanted = [i for i, t in inputs.items() if t is not None and ctx.needs_input_grad[i]]
-    result: list[Tensor | None] = [None] * num_inputs
+    views = {i: t.view_as(t) if t is not None else None for i, t in inputs.items()}
     with torch.enable_grad():
-        outs = forward(*inputs.values())
+        outs = forward(*(_in_acc_dtype(t) for t in views.values()))
         # The gradients of the outputs a loss used (the reference may make fewer outputs
-        # than the op: none for an absent edge_out).
-        pairs = [(o, g) for o, g in zip(outs, grads, strict=False) if g is not None]
-        if not wanted or not pairs:
-            return tuple(result)
+        # than the op: none for an absent edge_out), each output in its gradient's dtype.
+        pairs = [(o.to(g.dtype), g) for o, g in zip(outs, grads, strict=False) if g is not None]
         got = torch.autograd.grad(
             [o for o, _ in pairs],
-            [t for i, t in inputs.items() if i in wanted and t is not None],
+            [t for i, t in views.items() if i in wanted and t is not None],
             [g for _, g in pairs],
             create_graph=True,
             allow_unused=True,
         )
     for i, g in zip(wanted, got, strict=True):
-        t = inputs[i]
+        t = views[i]
         assert t is not None
         result[i] = g if g is not None else torch.zeros_like(t)
     return tuple(result)
+
+
+def _in_acc_dtype(t: Tensor | None) -> Tensor | None:
+    return t.to(acc_dtype(t.dtype)) if t is not None and t.is_floating_point() else t
 
 
 attention_fwd.register_autograd(_attention_backward, setup_context=_attention_setup)
