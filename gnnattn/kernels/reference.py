@@ -300,11 +300,11 @@ def attention_fwd(
     m_safe = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
     e = torch.exp(s - m_safe[index])
     denom = segment_sum(e, index, n)
-    # log(1), not log(0), where no edge counts: its gradient (0 / 0 there) would be NaN
-    # through the branch that where() drops.
+    # 1, not 0, where no edge counts: the weights there are 0 / 1, and log(1) keeps the
+    # gradient finite (log(0)'s, 0 / 0, would be NaN through the branch where() drops).
     safe = torch.where(denom == 0, torch.ones_like(denom), denom)
     lse = torch.where(denom == 0, torch.full_like(denom, float("-inf")), m_safe + torch.log(safe))
-    alpha = e / torch.where(denom == 0, torch.ones_like(denom), denom)[index]
+    alpha = e / safe[index]
     f = dropout_factor(dropout, col.numel(), h, alpha)
     if f is not None:
         alpha = alpha * f
