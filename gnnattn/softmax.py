@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -32,7 +33,7 @@ from .checks import check_int
 from .graphs import check_edge_index
 from .kernels import COMPILED, reference
 from .kernels import get as get_kernels
-from .kernels.common import acc_dtype
+from .kernels.common import acc_dtype, under_func_transform
 
 __all__ = [
     "SoftmaxSteps",
@@ -100,26 +101,63 @@ def _segment_ptr(index: Tensor, n: int) -> Tensor | None:
 
 
 class _ScatterSoftmax(torch.autograd.Function):
-    """Autograd function of the torch ops on ``src`` ``[E, F]``: saves only the output."""
+    """Autograd function of the torch ops on ``src`` ``[E, F]``: saves only the output.
+
+    Returns ``(out, y)``: ``out`` in ``src``'s dtype, ``y`` the same weights in the
+    accumulation dtype, which the backward reads (a half ``out`` would round them).
+    Written in ``setup_context`` form with a generated vmap rule, so that ``torch.func``
+    transforms (``grad``, ``vmap``, ``jacrev``) compose with it; forward mode is
+    :class:`_ScatterSoftmaxFunc`'s.
+    """
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, src: Tensor, index: Tensor, n: int):  # type: ignore[override]
+    def forward(src: Tensor, index: Tensor, n: int) -> tuple[Tensor, Tensor]:  # type: ignore[override]
         y = reference.segment_softmax(src.to(acc_dtype(src.dtype)), index, n)
-        out = y.to(src.dtype)
-        # A half input's output is another tensor than y: kept too, as the path a
-        # double backward differentiates (y, made here without autograd, has none).
-        ctx.save_for_backward(y, index, None if out is y else out)
-        ctx.n = n
-        return out
+        return y.to(src.dtype), y
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+        _, index, n = inputs
+        out, y = output
+        # A half input's output is another tensor than y: kept too, as the path a
+        # double backward differentiates (y, made without autograd, has none).
+        saved = (y, index, None if out is y else out)
+        ctx.save_for_backward(*saved)
+        ctx.save_for_forward(*saved)
+        ctx.n = n
+        # y's gradient is None unless a caller used y: not a zero tensor to add.
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor | None, grad_y: Tensor | None) -> Any:  # type: ignore[override]
         y, index, out = ctx.saved_tensors
         if torch.is_grad_enabled() and out is not None:
             y = out.to(y.dtype)  # create_graph=True: through the output's autograd
-        g = grad.to(y.dtype)
+        g = _tangent(grad, grad_y, y)
         dot = reference.segment_sum(g * y, index, ctx.n)
-        return (y * (g - dot[index])).to(grad.dtype), None, None
+        like = grad if grad is not None else out if out is not None else y
+        return (y * (g - dot[index])).to(like.dtype), None, None
+
+
+class _ScatterSoftmaxFunc(_ScatterSoftmax):
+    """:class:`_ScatterSoftmax` with forward mode (``jvp``, ``jacfwd``), for inside a
+    ``torch.func`` transform only: Dynamo cannot trace a Function with a custom ``jvp``."""
+
+    @staticmethod
+    def jvp(ctx: Any, dsrc: Tensor, *_: Any) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        # Forward mode: dy = y * (dx - sum_seg(y dx)), the Jacobian's other side.
+        y, index, out = ctx.saved_tensors
+        dx = dsrc.to(y.dtype)
+        dy = y * (dx - reference.segment_sum(y * dx, index, ctx.n)[index])
+        return dy.to(out.dtype if out is not None else y.dtype), dy
+
+
+def _tangent(grad: Tensor | None, grad_y: Tensor | None, y: Tensor) -> Tensor:
+    """The gradient of the weights from both outputs' (either may be absent: ``None``)."""
+    g = grad.to(y.dtype) if grad is not None else torch.zeros_like(y)
+    return g + grad_y if grad_y is not None else g
 
 
 def _kernel_ok(flat: Tensor) -> bool:
@@ -136,11 +174,12 @@ def segment_softmax(src: Tensor, index: Tensor, n: int, *, ptr: Tensor | None = 
     ``torch.ops.gnnattn.segment_softmax_fwd``).
     """
     flat = src.reshape(src.shape[0], math.prod(src.shape[1:]))  # (E, F)
-    if ptr is not None and _kernel_ok(flat):
+    if ptr is not None and _kernel_ok(flat) and not under_func_transform():
         x = flat.to(acc_dtype(src.dtype)).contiguous()
         out = torch.ops.gnnattn.segment_softmax_fwd(x, ptr).to(src.dtype)
     else:
-        out = _ScatterSoftmax.apply(flat, index.long(), n)
+        fn = _ScatterSoftmaxFunc if under_func_transform() else _ScatterSoftmax
+        out = fn.apply(flat, index.long(), n)[0]
     return out.view(src.shape)
 
 
@@ -180,7 +219,7 @@ def scatter_softmax(
     flat = x.reshape(x.shape[0], math.prod(x.shape[1:]))  # (E, F)
     # Large inputs: one pass over the index tells whether it is sorted and, if
     # so, where the segments start (the kernels' CSR pointers).
-    ptr = _segment_ptr(index, n) if _kernel_ok(flat) else None
+    ptr = _segment_ptr(index, n) if _kernel_ok(flat) and not under_func_transform() else None
     out = segment_softmax(flat, index, n, ptr=ptr)
     return out.view(x.shape).movedim(0, dim)
 

@@ -54,18 +54,49 @@ def _unchanged(ref: weakref.ref[Tensor], version: int) -> bool:
 
 @contextlib.contextmanager
 def _building(lock: threading.RLock | None) -> Iterator[None]:
-    """Where derived index tensors are made: under the graph's lock, never as inference tensors.
+    """Where derived index tensors are made: under the graph's lock, never as inference
+    tensors, never as a ``torch.func`` transform's.
 
     Index tensors made under ``torch.inference_mode()`` cannot be saved for
     backward later; ``inference_mode(False)`` makes ordinary tensors even when
-    the caller is in inference mode. Under ``torch.compile`` nothing is
-    stored (see :meth:`AttentionGraph._derive`), so neither is needed.
+    the caller is in inference mode. Inside a ``torch.func`` transform
+    (``grad``, ``vmap``) an op's results are the transform's wrapped tensors,
+    which die with it and which the compiled kernels cannot read: the transforms
+    are disabled here, so a graph first used inside one keeps plain tensors.
+    Under ``torch.compile`` nothing is stored (see
+    :meth:`AttentionGraph._derive`), so none of it is needed.
     """
     if torch.compiler.is_compiling():
         yield
         return
-    with lock or contextlib.nullcontext(), torch.inference_mode(False):
+    with lock or contextlib.nullcontext(), torch.inference_mode(False), _no_func_transform():
         yield
+
+
+def _plain(t: Tensor, name: str) -> Tensor:
+    """``t`` as an ordinary tensor where a ``torch.func`` transform wrapped it (an op on
+    the ids inside ``grad`` returns the transform's tensor): ids carry no gradient, so
+    the graph keeps their values. Ids batched by ``vmap`` are refused: one graph
+    serves every call of a ``vmap``."""
+    from torch._C import _functorch
+
+    while _functorch.is_functorch_wrapped_tensor(t):
+        if _functorch.is_batchedtensor(t):
+            raise ValueError(
+                f"Expected '{name}' shared by the calls of torch.func.vmap, got one batched "
+                "by it: build a graph per graph (vmap maps over features, not graphs)"
+            )
+        t = _functorch.get_unwrapped(t)
+    return t
+
+
+def _no_func_transform() -> contextlib.AbstractContextManager[Any]:
+    """Where a graph makes tensors: ordinary ones even inside a ``torch.func`` transform
+    (whose wrapped tensors die with it, and which the compiled kernels cannot read);
+    nothing to do under ``torch.compile``, which does not trace the transforms' switch."""
+    if torch.compiler.is_compiling():
+        return contextlib.nullcontext()
+    return torch._C._DisableFuncTorch()
 
 
 def _host_builder(t: Any, name: str) -> Callable[..., Any] | None:
@@ -163,34 +194,37 @@ class AttentionGraph:
         check_int(num_nodes, "num_nodes", optional=True)
         check_int(num_src, "num_src", optional=True)
         check_bool(causal, "causal")
-        # Edges on the host are checked by the pass that makes their CSR.
-        make = None if causal else _host_builder(edge_index, "csr_plan_tensors")
-        ei, n_dst, n_src, csr = normalize(edge_index, num_nodes, num_src, check=make is None)
-        if causal and n_src is not None:
-            raise ValueError(
-                "Expected a square graph with causal=True (causal order relates tokens of one "
-                f"sequence), got a bipartite one ({n_src} sources, {n_dst} targets, from "
-                "num_src or the sizes of the EdgeIndex or adjacency): give a square one"
-            )
-        m = n_src if n_src is not None else n_dst
-        plan = None
-        if make is not None and csr is None and ei is not None:
-            csr, plan = _host_csr(make, ei, n_dst, m)
-        self._init(ei, n_dst, m, n_src is not None, csr=csr)
-        if plan is not None:
-            self._cache[self._plan_key("csr")] = plan
-        if causal:
-            self._prune_causal()
-        if not torch.compiler.is_compiling() and edge_index is not self._edge_index:
-            # What the caller gave, where the graph holds a copy or a pruned version
-            # (int32 ids, causal=True, a sparse adjacency, an EdgeIndex), with its
-            # version: a change in place is refused there too. Weak: the graph must
-            # not keep alive what it copied. (An inference tensor has no version,
-            # and cannot be changed outside inference mode.)
-            if not edge_index.is_inference():
-                self._sources: tuple[tuple[weakref.ref[Tensor], int], ...] = (
-                    (weakref.ref(edge_index), edge_index._version),
+        if isinstance(edge_index, Tensor) and not torch.compiler.is_compiling():
+            edge_index = _plain(edge_index, "edge_index")
+        with _no_func_transform():
+            # Edges on the host are checked by the pass that makes their CSR.
+            make = None if causal else _host_builder(edge_index, "csr_plan_tensors")
+            ei, n_dst, n_src, csr = normalize(edge_index, num_nodes, num_src, check=make is None)
+            if causal and n_src is not None:
+                raise ValueError(
+                    "Expected a square graph with causal=True (causal order relates tokens of one "
+                    f"sequence), got a bipartite one ({n_src} sources, {n_dst} targets, from "
+                    "num_src or the sizes of the EdgeIndex or adjacency): give a square one"
                 )
+            m = n_src if n_src is not None else n_dst
+            plan = None
+            if make is not None and csr is None and ei is not None:
+                csr, plan = _host_csr(make, ei, n_dst, m)
+            self._init(ei, n_dst, m, n_src is not None, csr=csr)
+            if plan is not None:
+                self._cache[self._plan_key("csr")] = plan
+            if causal:
+                self._prune_causal()
+            if not torch.compiler.is_compiling() and edge_index is not self._edge_index:
+                # What the caller gave, where the graph holds a copy or a pruned version
+                # (int32 ids, causal=True, a sparse adjacency, an EdgeIndex), with its
+                # version: a change in place is refused there too. Weak: the graph must
+                # not keep alive what it copied. (An inference tensor has no version,
+                # and cannot be changed outside inference mode.)
+                if not edge_index.is_inference():
+                    self._sources: tuple[tuple[weakref.ref[Tensor], int], ...] = (
+                        (weakref.ref(edge_index), edge_index._version),
+                    )
 
     # ------------------------------------------------------------ construction
 

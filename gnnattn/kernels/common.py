@@ -50,12 +50,22 @@ __all__ = [
     "check_ptr",
     "dropout_bits",
     "dropout_keep",
+    "under_func_transform",
 ]
 
 #: The two multipliers of the ``lowbias32`` finaliser.
 MIX_MUL1 = 0x7FEB352D
 MIX_MUL2 = 0x846CA68B
 _M32 = 0xFFFF_FFFF
+
+
+def under_func_transform() -> bool:
+    """Whether a ``torch.func`` transform (``grad``, ``vmap``, ``jvp``, ``jacrev``, ...) is
+    active. The compiled kernels do not compose with one: numba reads a storage that
+    a transform's wrapped tensors do not have, and the autograd torch generates for a
+    custom operator has no ``setup_context``, which the transforms require. Their
+    callers take torch-op paths there."""
+    return bool(torch._C._are_functorch_transforms_active())
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:

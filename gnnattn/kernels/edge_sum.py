@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .common import under_func_transform
 from .library import differentiable_backward
 
 __all__ = ["CHUNK_ELEMENTS", "relu_edge_sum", "relu_edge_sum_reference"]
@@ -184,6 +185,10 @@ def relu_edge_sum(
                 [0., 0.],
                 [2., 2.]])
     """
+    if under_func_transform():
+        # torch.func (grad, vmap) cannot run the op's generated autograd: the reference's
+        # torch ops, with its [|E|, D] messages, compose with the transforms.
+        return relu_edge_sum_reference(x, edge_attr, weight, bias, src, dst, num_targets)
     # num_targets as given: a size traced by torch.export stays symbolic.
     return torch.ops.gnnattn.relu_edge_sum(
         x.contiguous(), edge_attr.contiguous(), weight, bias, src, dst, num_targets

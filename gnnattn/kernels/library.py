@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .common import Dropout, acc_dtype
+from .common import Dropout, acc_dtype, under_func_transform
 
 __all__ = [
     "attention",
@@ -541,7 +541,7 @@ def _eager(tensors: tuple[Any, ...]) -> bool:
         return False
     if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
         return False
-    if torch._C._are_functorch_transforms_active():  # vmap, grad: the op's rules apply
+    if under_func_transform():  # vmap, grad: the op's rules apply
         return False
     return all(type(t) in _PLAIN for t in tensors if isinstance(t, Tensor))
 

@@ -25,17 +25,20 @@ from torch import Tensor
 
 from .. import kernels
 from ..checks import check_probability
+from ..kernels.common import under_func_transform
 from ..kernels.library import draw_key
 
 __all__ = ["dropout", "relu_dropout"]
 
 
 def _stream(x: Tensor) -> bool:
-    """Whether the stream's compiled kernel serves ``x`` (else torch's dropout)."""
+    """Whether the stream's compiled kernel serves ``x`` (else torch's dropout, which a
+    ``torch.func`` transform can also run)."""
     return (
         x.device.type == "cpu"
         and "cpu" in kernels.COMPILED
         and x.dtype in (torch.float32, torch.float64)
+        and not under_func_transform()
     )
 
 

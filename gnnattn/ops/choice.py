@@ -19,6 +19,11 @@ the CPU, Triton on CUDA)                    (dropout and edge features included)
 anything else                               ``"mp"`` (message passing, the reference)
 =========================================  ==========================================
 
+Inside a ``torch.func`` transform (``grad``, ``vmap``, ``jvp``, ``jacrev``)
+``"auto"`` takes ``"mp"``, whose torch ops the transforms run; an explicit
+other backend is refused there (its kernels are custom operators, or read
+tensor values on the host).
+
 The same inside ``torch.compile`` and ``torch.export`` (the kernels are
 operators, :mod:`gnnattn.kernels.library`), except for a batch of blocks of
 different lengths: SDPA runs such a batch in buckets, one call each, a Python
@@ -51,6 +56,7 @@ from ..graphs.blocks import (
     sdpa_first,
 )
 from ..kernels import COMPILED
+from ..kernels.common import under_func_transform
 from .sdpa import compiled_blocks
 
 __all__ = [
@@ -199,7 +205,8 @@ def backend_for(
             (default: :obj:`False`)
 
     Raises:
-        ValueError: an explicit backend that cannot compute the call.
+        ValueError: an explicit backend that cannot compute the call (inside a
+            ``torch.func`` transform, any but ``"mp"``).
     """
     check_backend(backend)
     check_graph(graph)
@@ -215,6 +222,8 @@ def backend_for(
         )
         if on
     )
+    if under_func_transform():
+        return _in_func_transform(backend)
     if backend != "auto":
         why = _refusal(backend, graph, options, q.dtype)
         if why is not None:
@@ -250,6 +259,20 @@ def backend_for(
     if graph.num_edges > _WARN_EDGES and not torch.compiler.is_compiling():
         _warn_once(graph, choice)
     return choice
+
+
+def _in_func_transform(backend: str) -> BackendChoice:
+    """The backend inside a ``torch.func`` transform: the message-passing reference, the
+    one whose torch ops compose with ``grad``, ``vmap``, ``jvp`` and ``jacrev``."""
+    if backend not in ("auto", "mp"):
+        raise ValueError(
+            f"backend={backend!r} does not run inside a torch.func transform (grad, vmap, "
+            "jvp, jacrev, ...): its kernels are custom operators (numba, Triton) or read "
+            "tensor values on the host, which the transforms cannot run. Use 'mp' (or "
+            "'auto', which takes it there)."
+        )
+    reason = "a torch.func transform: the message-passing reference, whose torch ops it runs"
+    return BackendChoice("mp", "asked for" if backend == "mp" else reason)
 
 
 def _tiles_pay(q: torch.Tensor, graph: AttentionGraph) -> BackendChoice | None:
