@@ -33,7 +33,7 @@ from .checks import check_int
 from .graphs import check_edge_index
 from .kernels import COMPILED, reference
 from .kernels import get as get_kernels
-from .kernels.common import acc_dtype, under_func_transform
+from .kernels.common import acc_dtype, plain_index, under_func_transform
 
 __all__ = [
     "SoftmaxSteps",
@@ -101,13 +101,14 @@ def _segment_ptr(index: Tensor, n: int) -> Tensor | None:
 
 
 class _ScatterSoftmax(torch.autograd.Function):
-    """Autograd function of the torch ops on ``src`` ``[E, F]``: saves only the output.
+    """Autograd function of the torch ops on ``src`` ``[E, F]``: saves only its weights.
 
     Returns ``(out, y)``: ``out`` in ``src``'s dtype, ``y`` the same weights in the
-    accumulation dtype, which the backward reads (a half ``out`` would round them).
+    accumulation dtype, which the backward reads (a half ``out`` would round them)
+    and, being an output, differentiates again under ``create_graph=True``.
     Written in ``setup_context`` form with a generated vmap rule, so that ``torch.func``
     transforms (``grad``, ``vmap``, ``jacrev``) compose with it; forward mode is
-    :class:`_ScatterSoftmaxFunc`'s.
+    :class:`_ScatterSoftmaxJvp`'s.
     """
 
     generate_vmap_rule = True
@@ -121,43 +122,35 @@ class _ScatterSoftmax(torch.autograd.Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
         _, index, n = inputs
         out, y = output
-        # A half input's output is another tensor than y: kept too, as the path a
-        # double backward differentiates (y, made without autograd, has none).
-        saved = (y, index, None if out is y else out)
-        ctx.save_for_backward(*saved)
-        ctx.save_for_forward(*saved)
-        ctx.n = n
+        ctx.save_for_backward(y, index)
+        ctx.save_for_forward(y, index)
+        ctx.n, ctx.dtype = n, out.dtype
         # y's gradient is None unless a caller used y: not a zero tensor to add.
         ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor | None, grad_y: Tensor | None) -> Any:  # type: ignore[override]
-        y, index, out = ctx.saved_tensors
-        if torch.is_grad_enabled() and out is not None:
-            y = out.to(y.dtype)  # create_graph=True: through the output's autograd
-        g = _tangent(grad, grad_y, y)
+        y, index = ctx.saved_tensors
+        g = grad.to(y.dtype) if grad is not None else torch.zeros_like(y)
+        if grad_y is not None:
+            g = g + grad_y
         dot = reference.segment_sum(g * y, index, ctx.n)
-        like = grad if grad is not None else out if out is not None else y
-        return (y * (g - dot[index])).to(like.dtype), None, None
+        return (y * (g - dot[index])).to(ctx.dtype), None, None
 
 
-class _ScatterSoftmaxFunc(_ScatterSoftmax):
-    """:class:`_ScatterSoftmax` with forward mode (``jvp``, ``jacfwd``), for inside a
-    ``torch.func`` transform only: Dynamo cannot trace a Function with a custom ``jvp``."""
+class _ScatterSoftmaxJvp(_ScatterSoftmax):
+    """:class:`_ScatterSoftmax` with forward mode (``torch.func.jvp``, ``jacfwd``), inside
+    ``torch.func`` transforms only: Dynamo cannot trace a Function with a custom
+    ``jvp`` (a compiled ``grad`` takes the parent), and autograd's own forward mode
+    would set the tangent of ``out`` twice where ``out`` is ``y`` (float32, float64)."""
 
     @staticmethod
     def jvp(ctx: Any, dsrc: Tensor, *_: Any) -> tuple[Tensor, Tensor]:  # type: ignore[override]
-        # Forward mode: dy = y * (dx - sum_seg(y dx)), the Jacobian's other side.
-        y, index, out = ctx.saved_tensors
+        # dy = y * (dx - sum_seg(y dx)): the Jacobian's other side.
+        y, index = ctx.saved_tensors
         dx = dsrc.to(y.dtype)
         dy = y * (dx - reference.segment_sum(y * dx, index, ctx.n)[index])
-        return dy.to(out.dtype if out is not None else y.dtype), dy
-
-
-def _tangent(grad: Tensor | None, grad_y: Tensor | None, y: Tensor) -> Tensor:
-    """The gradient of the weights from both outputs' (either may be absent: ``None``)."""
-    g = grad.to(y.dtype) if grad is not None else torch.zeros_like(y)
-    return g + grad_y if grad_y is not None else g
+        return dy.to(ctx.dtype), dy
 
 
 def _kernel_ok(flat: Tensor) -> bool:
@@ -178,7 +171,8 @@ def segment_softmax(src: Tensor, index: Tensor, n: int, *, ptr: Tensor | None = 
         x = flat.to(acc_dtype(src.dtype)).contiguous()
         out = torch.ops.gnnattn.segment_softmax_fwd(x, ptr).to(src.dtype)
     else:
-        fn = _ScatterSoftmaxFunc if under_func_transform() else _ScatterSoftmax
+        jvp = under_func_transform() and not torch.compiler.is_compiling()
+        fn = _ScatterSoftmaxJvp if jvp else _ScatterSoftmax
         out = fn.apply(flat, index.long(), n)[0]
     return out.view(src.shape)
 
@@ -214,6 +208,8 @@ def scatter_softmax(
         >>> scatter_softmax(s, torch.zeros(3, dtype=torch.long))
         tensor([0.0064, 0.0471, 0.9465])
     """
+    if isinstance(index, Tensor):
+        index = plain_index(index, "index")  # inside torch.func: shared, not batched
     n, dim = _check(src, index, num_segments, dim)
     x = src.movedim(dim, 0)
     flat = x.reshape(x.shape[0], math.prod(x.shape[1:]))  # (E, F)

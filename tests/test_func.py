@@ -8,12 +8,13 @@ layers' own eager calls, which take the fused kernels.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-from torch.func import functional_call, grad, jacfwd, jacrev, jvp, vmap
+from torch.func import functional_call, grad, jacfwd, jacrev, jvp, stack_module_state, vmap
 from torch_geometric.nn import MLP, GINConv
 
 from gnnattn import AttentionGraph, backend_for, scatter_softmax
@@ -63,9 +64,8 @@ def test_scatter_softmax_composes_with_transforms(e: int) -> None:
 
 
 def test_scatter_softmax_half_under_grad() -> None:
-    """A float16 softmax's gradient under ``grad`` is autograd's, to float16's rounding:
-    inside a transform the backward reads the float16 weights (the transforms run
-    it differentiably, as a double backward), autograd's their float32 values."""
+    """A float16 softmax's gradient under ``grad`` is autograd's: both read the weights
+    the forward kept in float32."""
     idx = _index(9, 0)
     src = torch.randn(9, 2, generator=torch.Generator().manual_seed(2)).half()
 
@@ -76,7 +76,30 @@ def test_scatter_softmax_half_under_grad() -> None:
     loss(leaf).backward()
     got = grad(loss)(src)
     assert got.dtype == torch.float16
-    torch.testing.assert_close(got, leaf.grad, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(got, leaf.grad, rtol=0, atol=0)
+
+
+def test_scatter_softmax_refuses_a_batched_index() -> None:
+    idx = _index(7, 3)
+    src = torch.randn(7, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="'index' shared by the calls of torch.func.vmap"):
+        vmap(lambda i: scatter_softmax(src, i))(torch.stack([idx, idx]))
+
+
+def test_compiled_grad_of_the_softmax() -> None:
+    """``torch.compile`` of a ``grad`` (Dynamo traces the transform) over the segment
+    softmax of the ``"mp"`` path (``scatter_softmax`` reads its index's range on the
+    host): no graph break, the eager transform's numbers."""
+    from gnnattn.softmax import segment_softmax
+
+    idx = _index(7, 4)
+    src = torch.randn(7, 2, dtype=torch.float64)
+
+    def g(s: torch.Tensor) -> torch.Tensor:
+        return grad(lambda t: segment_softmax(t, idx, int(idx[-1]) + 1).square().sum())(s)
+
+    compiled = torch.compile(g, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(src), g(src), rtol=0, atol=TOL)
 
 
 def _graph(n: int = 12, seed: int = 0) -> tuple[torch.Tensor, AttentionGraph]:
@@ -104,15 +127,25 @@ def test_backend_for_inside_a_transform() -> None:
     assert backend_for(q, graph).backend == "fused"
 
 
-def _layers() -> dict[str, tuple[Callable[[], torch.nn.Module], bool]]:
-    """Each layer's factory, and whether it takes ``edge_attr`` (3 features)."""
+Args = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple]
+
+
+def _layers() -> dict[str, tuple[Callable[[], torch.nn.Module], Args]]:
+    """Each layer's factory, and its call's arguments from ``(x, edge_index, edge_attr
+    [|E|, 3], batch)``."""
+    with_edges: Args = lambda x, ei, ea, b: (x, ei, ea)  # noqa: E731
+    plain: Args = lambda x, ei, ea, b: (x, ei)  # noqa: E731
+    gin = lambda: GINConv(MLP([8, 8]))  # noqa: E731
     return {
-        "SelfAttentionConv": (lambda: SelfAttentionConv(8, 2), False),
-        "SelfAttentionConv edges": (lambda: SelfAttentionConv(8, 2, edge_dim=3), True),
-        "TransformerConv": (lambda: TransformerConv(8, 4, heads=2, edge_dim=3), True),
-        "GraphTransformer": (lambda: GraphTransformer(2, 8, 2, edge_dim=3), True),
-        "GPSConv": (lambda: GPSConv(8, GINConv(MLP([8, 8])), heads=2), False),
-        "GINEConv": (lambda: GINEConv(MLP([8, 8]), edge_dim=3), True),
+        "SelfAttentionConv": (lambda: SelfAttentionConv(8, 2), plain),
+        "SelfAttentionConv edges": (lambda: SelfAttentionConv(8, 2, edge_dim=3), with_edges),
+        "TransformerConv": (lambda: TransformerConv(8, 4, heads=2, edge_dim=3), with_edges),
+        "GraphTransformer": (lambda: GraphTransformer(2, 8, 2, edge_dim=3), with_edges),
+        "GPSConv": (lambda: GPSConv(8, gin(), heads=2), plain),
+        # The batch's graphs are read on the host (numba), the exphormer graph too.
+        "GPSConv batch": (lambda: GPSConv(8, gin(), heads=2), lambda x, ei, ea, b: (x, ei, b)),
+        "GPSConv exphormer": (lambda: GPSConv(8, gin(), heads=2, attn_type="exphormer"), plain),
+        "GINEConv": (lambda: GINEConv(MLP([8, 8]), edge_dim=3), with_edges),
     }
 
 
@@ -120,18 +153,18 @@ def _layers() -> dict[str, tuple[Callable[[], torch.nn.Module], bool]]:
 def test_layer_gradients_under_grad_and_vmap(name: str) -> None:
     """``grad`` over the parameters and ``vmap(grad)`` per sample equal autograd's
     gradients of the layer's eager calls (which take the fused kernels)."""
-    make, edges = _layers()[name]
+    make, args = _layers()[name]
     torch.manual_seed(0)
     layer = make().double().eval()
     ei, _ = _graph()
     g = torch.Generator().manual_seed(3)
     xs = torch.randn(3, 12, 8, dtype=torch.float64, generator=g)
-    ea = torch.randn(ei.shape[1], 3, dtype=torch.float64, generator=g) if edges else None
+    ea = torch.randn(ei.shape[1], 3, dtype=torch.float64, generator=g)
+    batch = torch.tensor([0] * 5 + [1] * 7)
     params = {k: p.detach() for k, p in layer.named_parameters()}
 
     def loss(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        args = (x, ei) if ea is None else (x, ei, ea)
-        return functional_call(layer, p, args).square().sum()
+        return functional_call(layer, p, args(x, ei, ea, batch)).square().sum()
 
     expected = []
     for x in xs:
@@ -145,6 +178,25 @@ def test_layer_gradients_under_grad_and_vmap(name: str) -> None:
     for k in params:
         want = torch.stack([e[k] for e in expected])
         torch.testing.assert_close(per_sample[k], want, rtol=0, atol=TOL, msg=k)
+
+
+@pytest.mark.parametrize("name", list(_layers()))
+def test_ensembles_of_weights_under_vmap(name: str) -> None:
+    """``vmap`` over stacked weights (an ensemble, torch.func's ``stack_module_state``)
+    equals each model's own eager call: the messages are batched where ``x`` is not."""
+    make, args = _layers()[name]
+    torch.manual_seed(1)
+    models = [make().double().eval() for _ in range(2)]
+    ei, _ = _graph(seed=6)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(12, 8, dtype=torch.float64, generator=g)
+    ea = torch.randn(ei.shape[1], 3, dtype=torch.float64, generator=g)
+    call = args(x, ei, ea, torch.tensor([0] * 6 + [1] * 6))
+    params, buffers = stack_module_state(models)  # type: ignore[arg-type]
+    base = copy.deepcopy(models[0]).to("meta")
+    got = vmap(lambda p, b: functional_call(base, (p, b), call))(params, buffers)
+    want = torch.stack([m(*call) for m in models])
+    torch.testing.assert_close(got, want, rtol=0, atol=TOL)
 
 
 def test_attention_dropout_under_grad_draws_the_eager_mask() -> None:

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from ..checks import check_bool, check_int
+from ..kernels.common import outside_func_transforms, plain_index
 from .builders import resolve_lengths, structured_edge_index
 from .csr import CSC, CSR, _on_host, _to_csr, _transpose_csr, segment_ids
 from .inputs import canonical_device, normalize
@@ -69,34 +70,8 @@ def _building(lock: threading.RLock | None) -> Iterator[None]:
     if torch.compiler.is_compiling():
         yield
         return
-    with lock or contextlib.nullcontext(), torch.inference_mode(False), _no_func_transform():
+    with lock or contextlib.nullcontext(), torch.inference_mode(False), outside_func_transforms():
         yield
-
-
-def _plain(t: Tensor, name: str) -> Tensor:
-    """``t`` as an ordinary tensor where a ``torch.func`` transform wrapped it (an op on
-    the ids inside ``grad`` returns the transform's tensor): ids carry no gradient, so
-    the graph keeps their values. Ids batched by ``vmap`` are refused: one graph
-    serves every call of a ``vmap``."""
-    from torch._C import _functorch
-
-    while _functorch.is_functorch_wrapped_tensor(t):
-        if _functorch.is_batchedtensor(t):
-            raise ValueError(
-                f"Expected '{name}' shared by the calls of torch.func.vmap, got one batched "
-                "by it: build a graph per graph (vmap maps over features, not graphs)"
-            )
-        t = _functorch.get_unwrapped(t)
-    return t
-
-
-def _no_func_transform() -> contextlib.AbstractContextManager[Any]:
-    """Where a graph makes tensors: ordinary ones even inside a ``torch.func`` transform
-    (whose wrapped tensors die with it, and which the compiled kernels cannot read);
-    nothing to do under ``torch.compile``, which does not trace the transforms' switch."""
-    if torch.compiler.is_compiling():
-        return contextlib.nullcontext()
-    return torch._C._DisableFuncTorch()
 
 
 def _host_builder(t: Any, name: str) -> Callable[..., Any] | None:
@@ -195,8 +170,8 @@ class AttentionGraph:
         check_int(num_src, "num_src", optional=True)
         check_bool(causal, "causal")
         if isinstance(edge_index, Tensor) and not torch.compiler.is_compiling():
-            edge_index = _plain(edge_index, "edge_index")
-        with _no_func_transform():
+            edge_index = plain_index(edge_index, "edge_index")
+        with outside_func_transforms():
             # Edges on the host are checked by the pass that makes their CSR.
             make = None if causal else _host_builder(edge_index, "csr_plan_tensors")
             ei, n_dst, n_src, csr = normalize(edge_index, num_nodes, num_src, check=make is None)

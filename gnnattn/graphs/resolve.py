@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ..checks import check_tensor
+from ..kernels.common import outside_func_transforms, plain_index
 from .builders import sequence_lengths
 from .graph import AttentionGraph
 from .inputs import own_sizes
@@ -82,7 +83,9 @@ def as_graph(
                     "AttentionGraph.from_batch(batch).prepare() as edge_index instead"
                 )
             # Validated once (one pass and one sync), then only its lengths are kept.
-            lengths = sequence_lengths(check_batch(batch, num_dst, device=device))
+            with outside_func_transforms():
+                b = check_batch(plain_index(batch, "batch"), num_dst, device=device)
+                lengths = sequence_lengths(b)
             build = AttentionGraph.causal if causal else AttentionGraph.complete
             return build(lengths=list(lengths), device=device)
         build = AttentionGraph.causal if causal else AttentionGraph.complete

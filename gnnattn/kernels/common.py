@@ -36,7 +36,8 @@ by :math:`1 / (1 - p)`.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import contextlib
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -50,6 +51,8 @@ __all__ = [
     "check_ptr",
     "dropout_bits",
     "dropout_keep",
+    "outside_func_transforms",
+    "plain_index",
     "under_func_transform",
 ]
 
@@ -66,6 +69,35 @@ def under_func_transform() -> bool:
     custom operator has no ``setup_context``, which the transforms require. Their
     callers take torch-op paths there."""
     return bool(torch._C._are_functorch_transforms_active())
+
+
+def outside_func_transforms() -> contextlib.AbstractContextManager[Any]:
+    """Where graphs are built and read on the host (their layouts, lengths, plans):
+    ordinary tensors even inside a ``torch.func`` transform, whose wrapped tensors die
+    with it and refuse ``.numpy()``; nothing to do under ``torch.compile``, which does
+    not trace the transforms' switch."""
+    if torch.compiler.is_compiling():
+        return contextlib.nullcontext()
+    return torch._C._DisableFuncTorch()
+
+
+def plain_index(t: Tensor, name: str) -> Tensor:
+    """Ids (``edge_index``, ``batch``, a segment ``index``) as an ordinary tensor where a
+    ``torch.func`` transform wrapped them (an op on them inside ``grad`` returns the
+    transform's tensor): ids carry no gradient, so their values are what counts. Ids
+    batched by ``vmap`` are refused: one graph serves every call of a ``vmap``."""
+    if torch.compiler.is_compiling():
+        return t  # Dynamo traces the transforms itself
+    from torch._C import _functorch
+
+    while _functorch.is_functorch_wrapped_tensor(t):
+        if _functorch.is_batchedtensor(t):
+            raise ValueError(
+                f"Expected '{name}' shared by the calls of torch.func.vmap, got one batched "
+                "by it (vmap maps over features, not graphs: make one call per graph)"
+            )
+        t = _functorch.get_unwrapped(t)
+    return t
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:

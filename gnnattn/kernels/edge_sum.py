@@ -212,4 +212,6 @@ def relu_edge_sum_reference(
         x.index_select(0, src)
         + (F.linear(edge_attr, weight, bias) if weight is not None else edge_attr)
     ).relu()
-    return x.new_zeros(num_targets, x.size(1)).index_add_(0, dst, msg)
+    # Made from msg, not x: inside torch.func.vmap msg is batched where x may not be
+    # (an ensemble's weights), and an unbatched buffer cannot take a batched sum in place.
+    return msg.new_zeros(num_targets, x.size(1)).index_add_(0, dst, msg)

@@ -30,6 +30,7 @@ from ..graphs import (
     exphormer_graph,
     refuse_jit_trace,
 )
+from ..kernels.common import outside_func_transforms, plain_index
 from ..ops import AttentionOutput, BackendChoice, attention, backend_for, check_backend
 from ..ops import dropout as stream_dropout
 from .bias import check_attn_bias
@@ -529,9 +530,15 @@ class GPSConv(torch.nn.Module):
         """The global attention's graph: ``attn_graph`` checked, or made from ``batch``
         (and, for ``"exphormer"``, ``edge_index``)."""
         if attn_graph is None:
-            if self.attn_type == "exphormer":
-                return self._exphormer_graph(x, edge_index, batch)
-            return self._graph(x, batch)
+            if batch is not None:
+                batch = plain_index(check_tensor(batch, "batch"), "batch")
+            if isinstance(edge_index, Tensor) and edge_index.layout == torch.strided:
+                edge_index = plain_index(edge_index, "edge_index")
+            # Built on the host from ids, never from a torch.func transform's tensors.
+            with outside_func_transforms():
+                if self.attn_type == "exphormer":
+                    return self._exphormer_graph(x, edge_index, batch)
+                return self._graph(x, batch)
         if not isinstance(attn_graph, AttentionGraph):
             raise TypeError(
                 f"Expected 'attn_graph' to be an AttentionGraph, got {type(attn_graph).__name__}"
