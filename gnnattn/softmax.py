@@ -131,9 +131,12 @@ class _ScatterSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor | None, grad_y: Tensor | None) -> Any:  # type: ignore[override]
         y, index = ctx.saved_tensors
-        g = grad.to(y.dtype) if grad is not None else torch.zeros_like(y)
-        if grad_y is not None:
+        # Where out is y (float32, float64) its gradient arrives as y's alone.
+        g = grad_y if grad is None else grad.to(y.dtype)
+        if grad is not None and grad_y is not None:
             g = g + grad_y
+        if g is None:
+            return None, None, None
         dot = reference.segment_sum(g * y, index, ctx.n)
         return (y * (g - dot[index])).to(ctx.dtype), None, None
 

@@ -51,6 +51,7 @@ EI = complete_graph(5)
         ),
         ((X,), {"batch": torch.tensor([0, 1, 0, 1, 1])}, ValueError, r"'batch' to be sorted"),
         ((X,), {"batch": torch.zeros(5)}, TypeError, r"'batch' of dtype"),
+        ((X,), {"batch": [0, 0, 1, 1, 1]}, TypeError, r"'batch' to be a Tensor, got list"),
         (
             (X, EI),
             {"batch": torch.zeros(5, dtype=torch.long)},

@@ -86,8 +86,8 @@ def plain_index(t: Tensor, name: str) -> Tensor:
     ``torch.func`` transform wrapped them (an op on them inside ``grad`` returns the
     transform's tensor): ids carry no gradient, so their values are what counts. Ids
     batched by ``vmap`` are refused: one graph serves every call of a ``vmap``."""
-    if torch.compiler.is_compiling():
-        return t  # Dynamo traces the transforms itself
+    if not isinstance(t, Tensor) or torch.compiler.is_compiling():
+        return t  # not ids (the caller's check names it); Dynamo traces the transforms
     from torch._C import _functorch
 
     while _functorch.is_functorch_wrapped_tensor(t):
