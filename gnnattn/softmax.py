@@ -131,12 +131,11 @@ class _ScatterSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor | None, grad_y: Tensor | None) -> Any:  # type: ignore[override]
         y, index = ctx.saved_tensors
-        # Where out is y (float32, float64) its gradient arrives as y's alone.
-        g = grad_y if grad is None else grad.to(y.dtype)
-        if grad is not None and grad_y is not None:
-            g = g + grad_y
-        if g is None:
+        if grad is None and grad_y is None:
             return None, None, None
+        # Where out is y (float32, float64) its gradient arrives as y's alone.
+        grads = [t.to(y.dtype) for t in (grad, grad_y) if t is not None]
+        g = grads[0] if len(grads) == 1 else grads[0] + grads[1]
         dot = reference.segment_sum(g * y, index, ctx.n)
         return (y * (g - dot[index])).to(ctx.dtype), None, None
 
