@@ -210,8 +210,7 @@ def scatter_softmax(
         >>> scatter_softmax(s, torch.zeros(3, dtype=torch.long))
         tensor([0.0064, 0.0471, 0.9465])
     """
-    if isinstance(index, Tensor):
-        index = plain_index(index, "index")  # inside torch.func: shared, not batched
+    index = plain_index(index, "index")  # inside torch.func: shared, not batched
     n, dim = _check(src, index, num_segments, dim)
     x = src.movedim(dim, 0)
     flat = x.reshape(x.shape[0], math.prod(x.shape[1:]))  # (E, F)

@@ -169,8 +169,7 @@ class AttentionGraph:
         check_int(num_nodes, "num_nodes", optional=True)
         check_int(num_src, "num_src", optional=True)
         check_bool(causal, "causal")
-        if isinstance(edge_index, Tensor) and not torch.compiler.is_compiling():
-            edge_index = plain_index(edge_index, "edge_index")
+        edge_index = plain_index(edge_index, "edge_index")
         with outside_func_transforms():
             # Edges on the host are checked by the pass that makes their CSR.
             make = None if causal else _host_builder(edge_index, "csr_plan_tensors")

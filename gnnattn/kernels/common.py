@@ -37,7 +37,7 @@ by :math:`1 / (1 - p)`.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -81,7 +81,11 @@ def outside_func_transforms() -> contextlib.AbstractContextManager[Any]:
     return torch._C._DisableFuncTorch()
 
 
-def plain_index(t: Tensor, name: str) -> Tensor:
+# Whatever a caller passes as ids: a tensor comes back unwrapped, anything else as it is.
+_T = TypeVar("_T")
+
+
+def plain_index(t: _T, name: str) -> _T:
     """Ids (``edge_index``, ``batch``, a segment ``index``) as an ordinary tensor where a
     ``torch.func`` transform wrapped them (an op on them inside ``grad`` returns the
     transform's tensor): ids carry no gradient, so their values are what counts. Ids
@@ -90,14 +94,15 @@ def plain_index(t: Tensor, name: str) -> Tensor:
         return t  # not ids (the caller's check names it); Dynamo traces the transforms
     from torch._C import _functorch
 
-    while _functorch.is_functorch_wrapped_tensor(t):
-        if _functorch.is_batchedtensor(t):
+    ids: Tensor = t
+    while _functorch.is_functorch_wrapped_tensor(ids):
+        if _functorch.is_batchedtensor(ids):
             raise ValueError(
                 f"Expected '{name}' shared by the calls of torch.func.vmap, got one batched "
                 "by it (vmap maps over features, not graphs: make one call per graph)"
             )
-        t = _functorch.get_unwrapped(t)
-    return t
+        ids = _functorch.get_unwrapped(ids)
+    return cast(_T, ids)
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:

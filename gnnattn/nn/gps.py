@@ -532,8 +532,7 @@ class GPSConv(torch.nn.Module):
         if attn_graph is None:
             if batch is not None:
                 batch = plain_index(check_tensor(batch, "batch"), "batch")
-            if isinstance(edge_index, Tensor) and edge_index.layout == torch.strided:
-                edge_index = plain_index(edge_index, "edge_index")
+            edge_index = plain_index(edge_index, "edge_index")
             # Built on the host from ids, never from a torch.func transform's tensors.
             with outside_func_transforms():
                 if self.attn_type == "exphormer":
