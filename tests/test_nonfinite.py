@@ -493,3 +493,38 @@ def test_cuda_attention_on_overflowing_scores(seed):
     graph = AttentionGraph(ei.cuda(), 6)
     got = attention(q.cuda(), k.cuda(), v.cuda(), graph, scale=0.5, backend="fused")
     _same(got.cpu(), want, torch.float32, f"cuda seed {seed}")
+
+
+# --------------------------------------------------------------------------- edge features
+@pytest.mark.parametrize("backend", ["fused", "tiles"])
+def test_infinite_edge_feature_by_the_algebra(backend):
+    """docs/semantics.md's one exception: an infinite edge feature mapped by the algebra
+    enters a score as one product ``(W_k^T q_i) . a_ij``. Target 1 reads edge 2 -> 1,
+    whose feature is inf: the reference's ``q . (k + W_k a)`` sums products of both
+    signs to NaN; the algebra's single product is -inf here (a masked edge). With
+    ``edge_value`` the output is NaN on every backend (the masked edge's ``0 * inf``);
+    with ``edge_key`` alone the algebra's is finite, as documented."""
+    ei = torch.tensor([[0, 0, 1, 2, 1], [0, 1, 1, 1, 2]])
+    graph = AttentionGraph(ei, 3)
+    q = torch.tensor([[[1.0, 1.0]], [[1.0, 1.0]], [[1.0, 1.0]]], dtype=torch.float64)
+    k = torch.ones(3, 1, 2, dtype=torch.float64)
+    v = torch.tensor([[[1.0, -1.0]], [[3.0, 2.0]], [[5.0, 4.0]]], dtype=torch.float64)
+    ea = torch.ones(5, 1, dtype=torch.float64)
+    ea[3, 0] = math.inf  # edge 2 -> 1
+    # W_k a = (+inf, -inf): the reference's score is NaN; W_k^T q = 1 - 2 = -1 < 0.
+    w_k = torch.tensor([[1.0], [-2.0]], dtype=torch.float64)
+    w_v = torch.ones(2, 1, dtype=torch.float64)
+    key_only = {"edge_attr": ea, "edge_key": w_k}
+    both = {**key_only, "edge_value": w_v}
+    for opts in (key_only, both):
+        want = attention(q, k, v, graph, backend="mp", **opts)
+        assert want[1].isnan().all() and torch.isfinite(want[[0, 2]]).all()
+    got = attention(q, k, v, graph, backend=backend, **both)
+    assert got[1].isnan().all() and torch.isfinite(got[[0, 2]]).all()
+    got = attention(q, k, v, graph, backend=backend, **key_only)
+    # The exception: edge 2 -> 1 masked, target 1 the softmax of its two other edges.
+    kept = [0, 1, 2, 4]
+    want = attention(
+        q, k, v, AttentionGraph(ei[:, kept], 3), backend="mp", edge_attr=ea[kept], edge_key=w_k
+    )
+    assert torch.allclose(got, want, atol=1e-12, rtol=0)
