@@ -110,6 +110,27 @@ def test_matches_pyg_float32_logits_scaled(small_chunks) -> None:
     )
 
 
+@pytest.mark.parametrize("where", ["x", "edge_attr"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_inputs_match_pyg(small_chunks, where, bad) -> None:
+    # torch's ReLU backward passes the gradient where its output is NaN (its mask
+    # is "not <= 0"): the chunked backward must too, or a NaN message's gradient
+    # to x, the edge map and its bias is dropped.
+    ours, theirs = _pair(4, train_eps=True)
+    _chunked_only(ours)
+    edge_index = _graph(13, 29, isolated=3)
+    x = torch.randn(13, 5, dtype=torch.float64)
+    edge_attr = torch.randn(29, 4, dtype=torch.float64)
+    (x if where == "x" else edge_attr)[2, 1] = bad
+    a, b = _grads(ours, x, edge_index, edge_attr), _grads(theirs, x, edge_index, edge_attr)
+    close = {"rtol": 1e-10, "atol": 1e-10, "equal_nan": True}
+    torch.testing.assert_close(a[0], b[0], **close)
+    torch.testing.assert_close(a[1], b[1], **close)
+    torch.testing.assert_close(a[2], b[2], **close)
+    for name, grad in a[3].items():
+        torch.testing.assert_close(grad, b[3][name], msg=name, **close)
+
+
 def test_bipartite_and_int32(small_chunks) -> None:
     ours, theirs = _pair(2)
     _chunked_only(ours)

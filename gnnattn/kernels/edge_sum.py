@@ -88,8 +88,9 @@ def _bwd(
     db = torch.zeros_like(bias) if linear and bias is not None else x.new_empty(0)
     for s in _chunks(src.numel(), x.size(1)):
         e = edge_attr[s]
-        # The gradient reaches a message where its ReLU was active.
-        g = grad.index_select(0, dst[s]).mul_(_pre(x, e, weight, bias, src[s]) > 0)
+        # The gradient reaches a message where its ReLU was active, and, as torch's
+        # ReLU backward lets it (its mask is "not <= 0"), where the message is NaN.
+        g = grad.index_select(0, dst[s]).mul_(~(_pre(x, e, weight, bias, src[s]) <= 0))
         dx.index_add_(0, src[s], g)
         if need_edge:
             de[s] = g @ weight if weight is not None else g
