@@ -275,6 +275,31 @@ def test_a_suite_that_raises_is_an_error_row_and_the_run_goes_on(monkeypatch):
     assert "stopped by an error" in bench.format_table(rows)
 
 
+def test_a_row_stopped_by_an_error_makes_the_exit_status_1(monkeypatch, tmp_path, capsys):
+    # --quick "checks that every candidate runs": a script sees a failure in the status,
+    # and the tables and the JSON still hold every row.
+    import dataclasses
+
+    import gnnattn.bench as bench
+
+    def cases_fail(cfg, device):
+        raise RuntimeError("could not build the inputs")
+
+    registry = tuple(
+        dataclasses.replace(s, cases=cases_fail) if s.name == "softmax" else s
+        for s in bench.REGISTRY
+    )
+    monkeypatch.setattr(bench, "REGISTRY", registry)
+    path = tmp_path / "bench.json"
+    argv = ["bench", "--quick", "--suite", "softmax", "--no-memory", "--json", str(path)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("gnnattn bench: 1 row(s) stopped by an error, the first softmax")
+    assert "RuntimeError: could not build the inputs" in err[-1]
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["status"] for r in rows] == ["error: RuntimeError: could not build the inputs"]
+
+
 def test_cpu_only_suites_refuse_a_cuda_device():
     # Their processes run on the CPU: under a CUDA header their figures would mislead.
     from gnnattn.bench import BenchConfig, run

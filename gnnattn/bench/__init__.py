@@ -155,6 +155,12 @@ def run(cfg: BenchConfig, log: Callable[[str], None] | None = None) -> dict[str,
 def main(args: Any) -> int:
     """``gnnattn bench``: run, print the tables, optionally write JSON.
 
+    Returns:
+        0 when every row ran (or is "n/a", "skipped", "not run" by design), 1
+        when a row stopped by an error: the tables and the JSON keep it, and a
+        script that runs the bench (``--quick`` checks that every candidate runs)
+        sees the failure in the exit status.
+
     Raises:
         ValueError: options that do not go together (``--suite scale``
             without ``--scale``, ``--scale`` with ``--quick``, ``--device cuda``
@@ -203,4 +209,13 @@ def main(args: Any) -> int:
                 json.dump(result, f, indent=1, default=str)
         except OSError as err:  # checked before the run, but the disk may fill or the folder go
             raise ValueError(f"--json: could not write {args.json!r}: {err}") from err
+    failed = [r for r in result["rows"] if str(r["status"]).startswith("error")]
+    if failed:
+        first = failed[0]
+        print(
+            f"gnnattn bench: {len(failed)} row(s) stopped by an error, the first "
+            f"{first['suite']}: {first['case']} ({first['candidate']}): {first['status']}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
