@@ -22,6 +22,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from .distributed import METHODS
+
 __all__ = ["DEMO_MAX_TOKENS", "DEMO_OUT", "build_parser", "main"]
 
 #: ``gnnattn demo --text`` is cut to this many tokens: the heatmap (T^2 labelled
@@ -635,7 +637,8 @@ def _add_bench(sub: Any) -> None:
     bench.add_argument(
         "--quick",
         action="store_true",
-        help="smoke-test sizes: checks that every candidate runs; its timings mean nothing",
+        help="smoke-test sizes: checks that every candidate runs (exit status 1 if one "
+        "stopped by an error); its timings mean nothing",
     )
     bench.add_argument(
         "--threads",
@@ -744,11 +747,6 @@ def _in_file(text: str) -> str:
     return text
 
 
-#: ``gnnattn partition --method`` (``gnnattn.distributed.METHODS``, not imported here:
-#: ``gnnattn --help`` stays free of torch).
-PARTITION_METHODS = ("metis", "contiguous", "random")
-
-
 def _add_partition(sub: Any) -> None:
     part = sub.add_parser(
         "partition",
@@ -762,7 +760,7 @@ def _add_partition(sub: Any) -> None:
     part.add_argument("graph", type=_in_file, help="the graph file (torch.save)")
     part.add_argument("--parts", type=_int_in(1, 1 << 16), required=True, help="P, the ranks")
     part.add_argument(
-        "--method", choices=PARTITION_METHODS, default="metis", help="how to split (default metis)"
+        "--method", choices=METHODS, default="metis", help="how to split (default metis)"
     )
     part.add_argument("--causal", action="store_true", help="keep only the edges j <= i")
     part.add_argument(
@@ -821,6 +819,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = (str(err).strip().splitlines() or [type(err).__name__])[0]
         print(f"gnnattn {args.command}: {message}", file=sys.stderr)
         return 2
+    except MemoryError as err:  # a graph too large for this machine (its largest node id)
+        detail = (str(err).strip().splitlines() or ["MemoryError"])[0].rstrip(".")
+        print(
+            f"gnnattn {args.command}: out of memory ({detail}): is the input as large as its "
+            "node ids and sizes say?",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

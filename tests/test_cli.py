@@ -112,6 +112,22 @@ def test_a_failed_write_is_a_user_error(capsys, monkeypatch):
     _one_line_error(capsys, ["check"], "No space left on device", "out/heatmap.png")
 
 
+def test_out_of_memory_is_one_line_and_status_1(capsys, monkeypatch, tmp_path):
+    # A partition of an edge list whose largest id is 2**40 makes a CSR of 2**40 + 1
+    # pointers: numba's allocation raises MemoryError (not a user error: status 1).
+    def too_large(args):
+        raise MemoryError("Allocation failed (probably too large).")
+
+    monkeypatch.setattr(cli, "_cmd_partition", too_large)
+    graph = tmp_path / "g.pt"
+    torch.save(torch.tensor([[0, 2**40], [1, 2]]), graph)
+    assert main(["partition", str(graph), "--parts", "2", "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("gnnattn partition: out of memory (Allocation failed"), err
+    assert "node ids and sizes" in err
+
+
 def test_text_that_is_not_utf8_is_a_user_error(capsys):
     # A shell passes bytes that are not UTF-8 as lone surrogates.
     _one_line_error(capsys, ["demo", "--text", "\udcff bank"], "--text", "not UTF-8")

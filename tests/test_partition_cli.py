@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from gnnattn.cli import PARTITION_METHODS, main
-from gnnattn.distributed import METHODS, GraphPart, partition
+from gnnattn.cli import main
+from gnnattn.distributed import GraphPart, partition
 
 
 def _graph(n: int = 60, e: int = 240) -> torch.Tensor:
@@ -30,10 +30,6 @@ def _same(a: GraphPart, b: GraphPart) -> None:
     assert (a.send_counts, a.recv_counts, a.num_interior) == (b.send_counts, b.recv_counts,
                                                                b.num_interior)  # fmt: skip
     assert torch.equal(a.graph.edge_index, b.graph.edge_index)
-
-
-def test_the_methods_are_the_library_s():
-    assert PARTITION_METHODS == METHODS
 
 
 @pytest.mark.parametrize(
