@@ -156,7 +156,13 @@ class _ScatterSoftmaxJvp(_ScatterSoftmax):
 
 
 def _kernel_ok(flat: Tensor) -> bool:
-    return flat.numel() >= _KERNEL_MIN_NUMEL and flat.device.type in COMPILED
+    # Not inside a torch.func transform: the kernel is a custom operator, which they
+    # cannot run; the torch ops of _ScatterSoftmax compose with them.
+    return (
+        flat.numel() >= _KERNEL_MIN_NUMEL
+        and flat.device.type in COMPILED
+        and not under_func_transform()
+    )
 
 
 def segment_softmax(src: Tensor, index: Tensor, n: int, *, ptr: Tensor | None = None) -> Tensor:
@@ -169,7 +175,7 @@ def segment_softmax(src: Tensor, index: Tensor, n: int, *, ptr: Tensor | None = 
     ``torch.ops.gnnattn.segment_softmax_fwd``).
     """
     flat = src.reshape(src.shape[0], math.prod(src.shape[1:]))  # (E, F)
-    if ptr is not None and _kernel_ok(flat) and not under_func_transform():
+    if ptr is not None and _kernel_ok(flat):
         x = flat.to(acc_dtype(src.dtype)).contiguous()
         out = torch.ops.gnnattn.segment_softmax_fwd(x, ptr).to(src.dtype)
     else:
@@ -216,7 +222,7 @@ def scatter_softmax(
     flat = x.reshape(x.shape[0], math.prod(x.shape[1:]))  # (E, F)
     # Large inputs: one pass over the index tells whether it is sorted and, if
     # so, where the segments start (the kernels' CSR pointers).
-    ptr = _segment_ptr(index, n) if _kernel_ok(flat) and not under_func_transform() else None
+    ptr = _segment_ptr(index, n) if _kernel_ok(flat) else None
     out = segment_softmax(flat, index, n, ptr=ptr)
     return out.view(x.shape).movedim(0, dim)
 
